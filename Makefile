@@ -1,0 +1,40 @@
+# Two entry points on a fresh machine: `make demo` and `make test`.
+# Each creates .venv if it is missing and installs what it needs into it.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP_CORE := $(VENV)/.installed-core
+STAMP_DEV  := $(VENV)/.installed-dev
+
+.PHONY: demo test bench profiles clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP_CORE): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(STAMP_DEV): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP_CORE) $@
+
+demo: $(STAMP_CORE)
+	$(BIN)/swapplan info synth-transformer-l12-b16-s1024
+
+# pytest exits 5 when it collected no tests: that is a failure, never a pass.
+test: $(STAMP_DEV)
+	@$(BIN)/python -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$rc
+
+bench: $(STAMP_DEV)
+	$(BIN)/python benchmarks/run_all.py
+
+# Regenerate the shipped profiles byte-for-byte.
+profiles: $(STAMP_CORE)
+	$(BIN)/python -m tracer.make_profiles
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

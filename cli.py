@@ -1,0 +1,199 @@
+"""The swapplan command line: parses, calls one library function, prints.
+
+Bad input of any kind exits with status 2 and one line
+``error: <file>: <where>: <problem>``; ``--debug`` (anywhere on the line) shows the
+traceback instead.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from simulator import catalog
+from simulator.errors import InputError, SwapplanError
+from simulator.hardware import load_hardware, load_presets
+from simulator.plan import check_plan, load_plan
+from simulator.units import format_bytes, format_us
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3
+
+
+def _echo_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def _table(title: str | None, columns: list[str], rows: list[list], right: set[int] = frozenset()) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, box=None, title_justify="left", header_style="bold", pad_edge=False)
+    for k, column in enumerate(columns):
+        table.add_column(column, justify="right" if k in right else "left", no_wrap=True)
+    for row in rows:
+        table.add_row(*[str(cell) for cell in row])
+    # Not a terminal (a pipe, a file): never wrap or cut rows.
+    width = None if sys.stdout.isatty() else 400
+    Console(highlight=False, width=width).print(table)
+
+
+class _Group(click.Group):
+    """Turns swapplan's errors into one line and an exit status."""
+
+    def invoke(self, ctx: click.Context):
+        debug = bool(ctx.obj and ctx.obj.get("debug"))
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except SwapplanError as exc:
+            if debug:
+                raise
+            message = exc.line() if isinstance(exc, InputError) else str(exc)
+            click.echo("error: " + " ".join(message.split()), err=True)
+            ctx.exit(EXIT_BAD_INPUT)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+        except Exception as exc:  # a bug in swapplan: say so in one line
+            if debug:
+                raise
+            click.echo(f"internal error: {type(exc).__name__}: {exc} "
+                       "(run again with --debug for the traceback, and please report it)", err=True)
+            ctx.exit(EXIT_INTERNAL)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="swapplan")
+@click.pass_context
+def app(ctx: click.Context) -> None:
+    """swapplan: plan and simulate GPU memory swapping for DNN training.
+
+    A PROFILE is a profile file (.json, .json.gz, .yaml) or the name of a shipped
+    profile (see `swapplan profiles`). A hardware H is a preset name (see
+    `swapplan hardware`) or a hardware .yaml file. Add --debug anywhere for tracebacks.
+    """
+    ctx.ensure_object(dict)
+
+
+# ----------------------------------------------------------------------------- info
+
+
+@app.command()
+@click.argument("profile")
+@click.option("--json", "as_json", is_flag=True, help="Print the stable JSON summary.")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(0), help="How many of the largest tensors to list.")
+def info(profile: str, as_json: bool, top: int) -> None:
+    """Summarise a profile: ops, tensors, bytes by kind, no-swap peak, ideal time."""
+    summary = catalog.profile_summary(catalog.open_profile(profile), largest=top)
+    if as_json:
+        _echo_json(summary)
+        return
+    ops_by_phase = ", ".join(f"{k} {v}" for k, v in summary["ops_by_phase"].items() if v)
+    source = summary["source"]
+    click.echo(f"profile      {summary['name']}  ({summary['file']})")
+    if source:
+        click.echo("source       " + ", ".join(f"{k}={v}" for k, v in source.items()))
+    click.echo(f"ops          {summary['ops']}  ({ops_by_phase})")
+    click.echo(f"tensors      {summary['tensors']}")
+    click.echo(f"no-swap peak {format_bytes(summary['peak_bytes'])}  ({summary['peak_bytes']} B) "
+               f"at op {summary['peak_op']} ({summary['peak_op_name']}, {summary['peak_op_phase']})")
+    click.echo(f"ideal time   {format_us(summary['ideal_us'])}")
+    click.echo("")
+    rows = [[kind, summary["tensors_by_kind"][kind], format_bytes(summary["bytes_by_kind"][kind])]
+            for kind in summary["bytes_by_kind"] if summary["tensors_by_kind"][kind]]
+    _table("bytes by kind", ["kind", "tensors", "bytes"], rows, right={1, 2})
+    if summary["largest_tensors"]:
+        click.echo("")
+        rows = [[t["id"], t["kind"], format_bytes(t["bytes"]), t["name"] or ""] for t in summary["largest_tensors"]]
+        _table("largest tensors", ["id", "kind", "bytes", "name"], rows, right={2})
+
+
+# ----------------------------------------------------------------------------- validate
+
+
+@app.command()
+@click.argument("profile")
+@click.argument("plan", required=False)
+def validate(profile: str, plan: str | None) -> None:
+    """Check a profile, and optionally a plan against it (structure, not timing)."""
+    loaded = catalog.open_profile(profile)
+    click.echo(f"ok: profile {loaded.name}: {len(loaded.ops)} ops, {len(loaded.tensors)} tensors")
+    if plan is not None:
+        loaded_plan = load_plan(plan)
+        check_plan(loaded_plan, loaded)
+        click.echo(f"ok: plan {plan}: {len(loaded_plan.actions)} actions, planner {loaded_plan.planner.name}")
+
+
+# ----------------------------------------------------------------------------- synth
+
+
+@app.command()
+@click.argument("model", type=click.Choice(["mlp", "cnn", "transformer"]))
+@click.option("--layers", type=int, help="Blocks (Linear+ReLU, residual blocks, transformer blocks).")
+@click.option("--width", type=int, help="Hidden size (mlp, transformer) or base channels (cnn).")
+@click.option("--batch", type=int, help="Batch size.")
+@click.option("--seq", type=int, help="Sequence length (transformer) or image side in pixels (cnn).")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True)
+@click.option("--hardware", "hardware_name", default="a100-40gb-pcie4", show_default=True,
+              help="Preset or hardware file whose roofline gives kernel times.")
+@click.option("-o", "--output", required=True, help="Profile file to write (.json, .json.gz, .yaml).")
+def synth(model, layers, width, batch, seq, dtype, hardware_name, output) -> None:
+    """Generate a synthetic training profile (forward, backward, Adam) without torch."""
+    from simulator.profile import save_profile
+    from tracer.synthetic import synthesize
+
+    profile = synthesize(model, layers=layers, width=width, batch=batch, seq=seq,
+                         hardware=load_hardware(hardware_name), dtype=dtype)
+    save_profile(profile, output)
+    click.echo(f"wrote {output}: {profile.name}, {len(profile.ops)} ops, {len(profile.tensors)} tensors, "
+               f"peak {format_bytes(profile.peak_bytes)}, ideal {format_us(profile.ideal_us)}")
+
+
+# ----------------------------------------------------------------------------- lists
+
+
+@app.command("hardware")
+@click.option("--json", "as_json", is_flag=True, help="Print the presets as JSON.")
+def hardware_cmd(as_json: bool) -> None:
+    """List the hardware presets."""
+    presets = load_presets()
+    if as_json:
+        _echo_json([hw.to_dict() for hw in presets])
+        return
+    rows = []
+    for hw in presets:
+        ssd = f"{hw.ssd.read_gbps:g}/{hw.ssd.write_gbps:g} GB/s" if hw.ssd else "-"
+        rows.append([hw.name, format_bytes(hw.gpu.memory_bytes), f"{hw.gpu.fp32_tflops:g}",
+                     f"{hw.gpu.fp16_tflops:g}", f"{hw.gpu.hbm_gbps:g}",
+                     f"{hw.pcie.h2d_gbps:g}/{hw.pcie.d2h_gbps:g} GB/s {hw.pcie.duplex}",
+                     format_bytes(hw.host.memory_bytes), ssd])
+    _table(None, ["preset", "GPU memory", "FP32 TF", "FP16 TF", "HBM GB/s", "PCIe h2d/d2h",
+                  "host", "SSD read/write"], rows, right={1, 2, 3, 4})
+
+
+@app.command("profiles")
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+def profiles_cmd(as_json: bool) -> None:
+    """List the shipped profiles with their no-swap peak and ideal time."""
+    rows = catalog.shipped_profiles_summary()
+    if as_json:
+        _echo_json(rows)
+        return
+    _table(None, ["name", "ops", "tensors", "peak", "ideal", "source"],
+           [[r["name"], r["ops"], r["tensors"], format_bytes(r["peak_bytes"]), format_us(r["ideal_us"]),
+             r["source"] or ""] for r in rows], right={1, 2, 3, 4})
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: ``--debug`` may appear anywhere on the line."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    app.main(args=args, prog_name="swapplan", obj={"debug": debug})
+
+
+if __name__ == "__main__":
+    main()

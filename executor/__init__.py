@@ -1,0 +1,1 @@
+"""Replays a plan for real: a host emulation backend and a CUDA backend."""

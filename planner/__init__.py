@@ -1,0 +1,1 @@
+"""Planners: each decides what leaves GPU memory, where it goes, and when it returns."""

@@ -1,0 +1,1 @@
+"""The plan JSON schema and example exported plans (data only)."""

@@ -1,0 +1,1 @@
+"""Shipped profiles (*.json) and, in profiles/hardware, the hardware presets (data only)."""

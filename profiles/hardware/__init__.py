@@ -1,0 +1,1 @@
+"""Hardware presets as YAML files (data only); see simulator.hardware."""

@@ -1,0 +1,95 @@
+"""What ships with swapplan (profiles) and summaries of a profile for people and scripts."""
+from __future__ import annotations
+
+import importlib.resources
+from collections import Counter
+from pathlib import Path
+
+from .errors import InputError
+from .profile import PHASES, TENSOR_KINDS, Profile, load_profile
+
+_SUFFIXES = (".json", ".json.gz", ".yaml", ".yml")
+
+
+def profile_dir() -> Path:
+    """The folder of shipped profiles."""
+    return Path(str(importlib.resources.files("profiles")))
+
+
+def shipped_profile_paths() -> list[Path]:
+    """Shipped profile files, sorted by name."""
+    return sorted(p for p in profile_dir().iterdir()
+                  if p.is_file() and p.name.lower().endswith(_SUFFIXES))
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in _SUFFIXES:
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def resolve_profile(spec: str | Path) -> Path:
+    """A profile argument: an existing file, or the name of a shipped profile.
+
+    Raises InputError when it is neither.
+    """
+    path = Path(spec)
+    if path.exists() or path.name.lower().endswith(_SUFFIXES):
+        return path
+    for candidate in shipped_profile_paths():
+        if _stem(candidate) == str(spec):
+            return candidate
+    names = ", ".join(_stem(p) for p in shipped_profile_paths()) or "none"
+    raise InputError(str(spec), "", f"no such file, and no shipped profile of that name (shipped: {names})")
+
+
+def open_profile(spec: str | Path) -> Profile:
+    """Load a profile given as a path or a shipped profile name."""
+    return load_profile(resolve_profile(spec))
+
+
+def profile_summary(profile: Profile, largest: int = 10) -> dict:
+    """The stable ``info --json`` fields of a profile (sizes in bytes, times in us)."""
+    bytes_by_kind = {kind: 0 for kind in TENSOR_KINDS}
+    count_by_kind = {kind: 0 for kind in TENSOR_KINDS}
+    for tensor in profile.tensors:
+        bytes_by_kind[tensor.kind] += tensor.bytes
+        count_by_kind[tensor.kind] += 1
+    phases = Counter(op.phase for op in profile.ops)
+    time_by_phase = {phase: 0.0 for phase in PHASES}
+    for op in profile.ops:
+        time_by_phase[op.phase] += op.time_us
+    peak_op = profile.ops[profile.op_index[profile.peak_op]] if profile.peak_op else None
+    top = sorted(profile.tensors, key=lambda t: (-t.bytes, t.id))[:largest]
+    return {
+        "name": profile.name,
+        "file": profile.origin,
+        "source": profile.source,
+        "ops": len(profile.ops),
+        "tensors": len(profile.tensors),
+        "ops_by_phase": {phase: phases.get(phase, 0) for phase in PHASES},
+        "time_us_by_phase": time_by_phase,
+        "bytes_by_kind": bytes_by_kind,
+        "tensors_by_kind": count_by_kind,
+        "persistent_bytes": profile.persistent_bytes,
+        "peak_bytes": profile.peak_bytes,
+        "peak_op": profile.peak_op,
+        "peak_op_name": peak_op.name if peak_op else None,
+        "peak_op_phase": peak_op.phase if peak_op else None,
+        "ideal_us": profile.ideal_us,
+        "largest_tensors": [{"id": t.id, "bytes": t.bytes, "kind": t.kind, "name": t.name}
+                            for t in top],
+    }
+
+
+def shipped_profiles_summary() -> list[dict]:
+    """``profiles --json``: name, path, ops, peak_bytes, ideal_us of each shipped profile."""
+    rows = []
+    for path in shipped_profile_paths():
+        profile = load_profile(path)
+        rows.append({"name": profile.name, "path": str(path), "ops": len(profile.ops),
+                     "tensors": len(profile.tensors), "peak_bytes": profile.peak_bytes,
+                     "ideal_us": profile.ideal_us, "source": profile.source.get("kind")})
+    return rows

@@ -1,0 +1,157 @@
+"""Hardware: GPU memory and speed, PCIe links, host memory and the SSD.
+
+Presets live in ``profiles/hardware/*.yaml`` (each cites its sources); a user's
+own YAML or JSON file is accepted wherever a preset name is. Bandwidths are GB/s
+with GB = 1e9 bytes, latencies microseconds, capacities bytes (rule R3).
+"""
+from __future__ import annotations
+
+import importlib.resources
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import InputError
+from .fields import Reader
+from .files import read_document
+from .units import parse_size
+
+DUPLEX_MODES = ("full", "half")
+SSD_PATHS = ("host", "direct")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """The accelerator: memory capacity, peak math rates and HBM bandwidth."""
+    model: str
+    memory_bytes: int
+    fp32_tflops: float
+    fp16_tflops: float
+    bf16_tflops: float | None
+    hbm_gbps: float
+
+
+@dataclass(frozen=True)
+class Pcie:
+    """The GPU's host link: effective (measured, not theoretical) copy bandwidths."""
+    h2d_gbps: float
+    d2h_gbps: float
+    duplex: str
+    latency_us: float
+
+
+@dataclass(frozen=True)
+class Host:
+    """Host DRAM available for offloaded tensors."""
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class Ssd:
+    """An NVMe SSD; ``path`` is ``host`` (staged through DRAM) or ``direct`` (GPUDirect Storage)."""
+    model: str
+    read_gbps: float
+    write_gbps: float
+    latency_us: float
+    capacity_bytes: int
+    path: str
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One machine as the simulator sees it."""
+    name: str
+    gpu: Gpu
+    pcie: Pcie
+    host: Host
+    ssd: Ssd | None
+    source: str = ""
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict; sizes in bytes, bandwidths in GB/s."""
+        data = asdict(self)
+        data.pop("source")
+        return data
+
+
+def hardware_from_dict(data, file: str = "<hardware>") -> Hardware:
+    """Build and validate a Hardware from parsed YAML/JSON.
+
+    Raises InputError naming the field for anything missing, unknown or out of range.
+    """
+    top = Reader(data, file)
+    top.reject_unknown({"name", "description", "gpu", "pcie", "host", "ssd"})
+    name = top.string("name")
+    top.string("description", default="")
+
+    gpu_r = top.mapping("gpu")
+    gpu_r.reject_unknown({"model", "memory", "fp32_tflops", "fp16_tflops", "bf16_tflops", "hbm_gbps"})
+    memory = parse_size(gpu_r.get("memory"), gpu_r.path("memory"), file)
+    if memory <= 0:
+        raise gpu_r.error("memory", "must be > 0")
+    bf16 = gpu_r.get("bf16_tflops", None)
+    gpu = Gpu(
+        model=gpu_r.string("model", default=name),
+        memory_bytes=memory,
+        fp32_tflops=gpu_r.number("fp32_tflops", positive=True),
+        fp16_tflops=gpu_r.number("fp16_tflops", positive=True),
+        bf16_tflops=None if bf16 is None else gpu_r.number("bf16_tflops", positive=True),
+        hbm_gbps=gpu_r.number("hbm_gbps", positive=True),
+    )
+
+    pcie_r = top.mapping("pcie")
+    pcie_r.reject_unknown({"h2d_gbps", "d2h_gbps", "duplex", "latency_us"})
+    pcie = Pcie(
+        h2d_gbps=pcie_r.number("h2d_gbps", positive=True),
+        d2h_gbps=pcie_r.number("d2h_gbps", positive=True),
+        duplex=pcie_r.string("duplex", default="full", choices=DUPLEX_MODES),
+        latency_us=pcie_r.number("latency_us", default=0.0),
+    )
+
+    host_r = top.mapping("host")
+    host_r.reject_unknown({"memory"})
+    host = Host(memory_bytes=parse_size(host_r.get("memory"), host_r.path("memory"), file))
+
+    ssd = None
+    if top.get("ssd", None) is not None:
+        ssd_r = top.mapping("ssd")
+        ssd_r.reject_unknown({"model", "read_gbps", "write_gbps", "latency_us", "capacity", "path"})
+        ssd = Ssd(
+            model=ssd_r.string("model", default="ssd"),
+            read_gbps=ssd_r.number("read_gbps", positive=True),
+            write_gbps=ssd_r.number("write_gbps", positive=True),
+            latency_us=ssd_r.number("latency_us", default=0.0),
+            capacity_bytes=parse_size(ssd_r.get("capacity"), ssd_r.path("capacity"), file),
+            path=ssd_r.string("path", default="host", choices=SSD_PATHS),
+        )
+    return Hardware(name=name, gpu=gpu, pcie=pcie, host=host, ssd=ssd, source=file)
+
+
+def preset_dir() -> Path:
+    """The folder of shipped hardware presets."""
+    return Path(str(importlib.resources.files("profiles") / "hardware"))
+
+
+def preset_names() -> list[str]:
+    """Names of the shipped presets, sorted."""
+    return sorted(p.stem for p in preset_dir().glob("*.yaml"))
+
+
+def load_hardware(spec: str | Path) -> Hardware:
+    """Load a preset by name, or a user's hardware file (YAML or JSON) by path.
+
+    Raises InputError for an unknown name, a missing file or an invalid field.
+    """
+    text = str(spec)
+    path = Path(text)
+    if path.suffix.lower() in (".yaml", ".yml", ".json") or path.exists():
+        return hardware_from_dict(read_document(path), text)
+    preset = preset_dir() / f"{text}.yaml"
+    if preset.is_file():
+        return hardware_from_dict(read_document(preset), str(preset))
+    raise InputError("<argument>", "hardware",
+                     f"unknown preset {text!r} (presets: {', '.join(preset_names())}; or give a .yaml file)")
+
+
+def load_presets() -> list[Hardware]:
+    """Every shipped preset, sorted by name."""
+    return [load_hardware(name) for name in preset_names()]

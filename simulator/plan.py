@@ -1,0 +1,269 @@
+"""Plan: the exported artifact, ``swapplan-plan/1``: what leaves GPU memory and when.
+
+Every plan read is validated against ``plans/schema.json``, then checked
+structurally against its profile with ``check_plan``. Timing-dependent validity
+(rules R11-R16, R20) is the simulator's job. See docs/formats.md.
+"""
+from __future__ import annotations
+
+import importlib.resources
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import jsonschema
+
+from .errors import InputError
+from .files import read_document, write_atomic
+from .profile import Profile, order_violation, profile_sha256
+
+FORMAT = "swapplan-plan/1"
+ACTION_KINDS = ("offload", "prefetch", "drop", "recompute")
+TIERS = ("host", "ssd")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One plan step. ``after`` / ``before`` are op ids (None: iteration start / end).
+
+    offload: tensor, to, after; prefetch: tensor, source ("from" in JSON), after,
+    before; drop: tensor, after; recompute: tensor, before.
+    """
+    kind: str
+    tensor: str
+    to: str | None = None
+    source: str | None = None
+    after: str | None = None
+    before: str | None = None
+
+    def to_dict(self) -> dict:
+        if self.kind == "offload":
+            return {"kind": "offload", "tensor": self.tensor, "to": self.to, "after": self.after}
+        if self.kind == "prefetch":
+            return {"kind": "prefetch", "tensor": self.tensor, "from": self.source,
+                    "after": self.after, "before": self.before}
+        if self.kind == "drop":
+            return {"kind": "drop", "tensor": self.tensor, "after": self.after}
+        return {"kind": "recompute", "tensor": self.tensor, "before": self.before}
+
+    def label(self) -> str:
+        return f"{self.kind} {self.tensor}"
+
+
+def offload(tensor: str, after: str | None, to: str = "host") -> Action:
+    return Action("offload", tensor, to=to, after=after)
+
+
+def prefetch(tensor: str, after: str | None, before: str | None, source: str = "host") -> Action:
+    return Action("prefetch", tensor, source=source, after=after, before=before)
+
+
+def drop(tensor: str, after: str) -> Action:
+    return Action("drop", tensor, after=after)
+
+
+def recompute(tensor: str, before: str) -> Action:
+    return Action("recompute", tensor, before=before)
+
+
+@dataclass(frozen=True)
+class PlannerInfo:
+    """Who made the plan, with which parameters, how long it took and how it ended."""
+    name: str = "none"
+    params: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    status: str = "ok"
+    gap: float | None = None
+    seed: int | None = None
+
+    def to_dict(self) -> dict:
+        data = {"name": self.name, "params": self.params, "seconds": self.seconds,
+                "status": self.status}
+        if self.gap is not None:
+            data["gap"] = self.gap
+        if self.seed is not None:
+            data["seed"] = self.seed
+        return data
+
+
+@dataclass
+class Plan:
+    """A plan for one profile; ``actions`` in the order the runtime issues them."""
+    profile_name: str
+    actions: tuple[Action, ...] = ()
+    profile_sha256: str | None = None
+    hardware: str | None = None
+    budget_bytes: int | None = None
+    planner: PlannerInfo = field(default_factory=PlannerInfo)
+    schedule: tuple[str, ...] | None = None
+    initial: dict[str, str] = field(default_factory=dict)
+    predicted: dict | None = None
+    origin: str = field(default="<plan>", compare=False)
+
+    def to_dict(self) -> dict:
+        profile = {"name": self.profile_name}
+        if self.profile_sha256:
+            profile["sha256"] = self.profile_sha256
+        return {
+            "format": FORMAT,
+            "profile": profile,
+            "hardware": self.hardware,
+            "budget_bytes": self.budget_bytes,
+            "planner": self.planner.to_dict(),
+            "schedule": None if self.schedule is None else list(self.schedule),
+            "initial": dict(sorted(self.initial.items())),
+            "actions": [a.to_dict() for a in self.actions],
+            "predicted": self.predicted,
+        }
+
+
+def empty_plan(profile: Profile, hardware: str | None = None, budget_bytes: int | None = None) -> Plan:
+    """The plan that swaps nothing (what ``simulate`` without a plan runs)."""
+    return Plan(profile_name=profile.name, profile_sha256=profile_sha256(profile),
+                hardware=hardware, budget_bytes=budget_bytes)
+
+
+# ----------------------------------------------------------------------------- schema
+
+
+def schema_path() -> Path:
+    return Path(str(importlib.resources.files("plans") / "schema.json"))
+
+
+@lru_cache(maxsize=1)
+def _validator() -> jsonschema.Draft202012Validator:
+    schema = json.loads(schema_path().read_text(encoding="utf-8"))
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _where(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "top level"
+
+
+def plan_from_dict(data, file: str = "<plan>") -> Plan:
+    """Validate parsed JSON against the plan schema and build a Plan.
+
+    Raises InputError naming the file, the field and the problem.
+    """
+    errors = sorted(_validator().iter_errors(data), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        error = _most_precise(errors)
+        raise InputError(file, _where(error.absolute_path), _schema_message(error))
+    actions = []
+    for item in data["actions"]:
+        actions.append(Action(kind=item["kind"], tensor=item["tensor"], to=item.get("to"),
+                              source=item.get("from"), after=item.get("after"),
+                              before=item.get("before")))
+    raw_planner = data.get("planner") or {"name": "unknown"}
+    planner = PlannerInfo(name=raw_planner["name"], params=raw_planner.get("params", {}),
+                          seconds=float(raw_planner.get("seconds", 0.0)),
+                          status=raw_planner.get("status", "ok"), gap=raw_planner.get("gap"),
+                          seed=raw_planner.get("seed"))
+    schedule = data.get("schedule")
+    return Plan(
+        profile_name=data["profile"]["name"],
+        profile_sha256=data["profile"].get("sha256"),
+        actions=tuple(actions),
+        hardware=data.get("hardware"),
+        budget_bytes=data.get("budget_bytes"),
+        planner=planner,
+        schedule=None if schedule is None else tuple(schedule),
+        initial=dict(data.get("initial") or {}),
+        predicted=data.get("predicted"),
+        origin=file,
+    )
+
+
+def _most_precise(errors):
+    """The deepest error: it points at the field that is actually wrong."""
+    deepest = max(len(e.absolute_path) for e in errors)
+    for error in errors:
+        if len(error.absolute_path) == deepest:
+            return error
+    return errors[0]
+
+
+def _schema_message(error) -> str:
+    if error.validator == "required":
+        return error.message.replace("is a required property", "is missing (required)")
+    if error.validator == "additionalProperties":
+        return error.message.replace("Additional properties are not allowed", "unknown field")
+    if error.validator in ("const", "enum"):
+        allowed = error.validator_value if error.validator == "enum" else [error.validator_value]
+        return f"{json.dumps(error.instance)[:40]} is not one of {', '.join(map(str, allowed))}"
+    message = error.message
+    return message if len(message) <= 160 else message[:157] + "..."
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Load a plan (JSON, gzipped JSON or YAML) and validate it against the schema."""
+    return plan_from_dict(read_document(path), str(path))
+
+
+def plan_json(plan: Plan) -> str:
+    """The saved text: stable key order, one action per line."""
+    data = plan.to_dict()
+    actions = data.pop("actions")
+    body = json.dumps(data, indent=1, sort_keys=True, ensure_ascii=False)
+    lines = ",\n  ".join(json.dumps(a, sort_keys=True, ensure_ascii=False) for a in actions)
+    action_text = f'"actions": [\n  {lines}\n ]' if actions else '"actions": []'
+    return body[:-2] + ",\n " + action_text + "\n}\n"
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    """Write the plan JSON atomically."""
+    write_atomic(path, plan_json(plan).encode("utf-8"))
+
+
+# ----------------------------------------------------------------------------- structure
+
+
+def check_plan(plan: Plan, profile: Profile) -> None:
+    """Check a plan's structure against its profile (everything decidable without timing).
+
+    Raises InputError naming the plan's file, the field and the problem for: a profile
+    sha256 that does not match, an unknown tensor or op, a schedule that breaks
+    dependencies or in-place update order (R21), an initial placement of a
+    non-persistent tensor (R20), a prefetch of a tensor never offloaded to (or placed
+    in) its source tier, and a recompute of a tensor with no producer.
+    """
+    file = plan.origin
+    if plan.profile_sha256 and plan.profile_sha256 != profile_sha256(profile):
+        raise InputError(file, "profile.sha256",
+                         f"plan was made for another profile ({plan.profile_name!r}); "
+                         f"it does not match {profile.name!r}")
+    if plan.schedule is not None:
+        problem = order_violation(profile, plan.schedule)
+        if problem is not None:
+            raise InputError(file, "schedule", problem[2])
+    for tid, tier in plan.initial.items():
+        tensor = profile.tensor_by_id.get(tid)
+        if tensor is None:
+            raise InputError(file, f"initial.{tid}", f"unknown tensor {tid!r}")
+        if not tensor.persistent:
+            raise InputError(file, f"initial.{tid}",
+                             f"only persistent tensors can start off the GPU; {tid!r} is {tensor.kind} (R20)")
+    copies: dict[str, set[str]] = {tid: {tier} for tid, tier in plan.initial.items()}
+    for action in plan.actions:
+        if action.kind == "offload":
+            copies.setdefault(action.tensor, set()).add(action.to)
+    for i, action in enumerate(plan.actions):
+        where = f"actions[{i}] ({action.label()})"
+        tensor = profile.tensor_by_id.get(action.tensor)
+        if tensor is None:
+            raise InputError(file, f"{where}.tensor", f"unknown tensor {action.tensor!r}")
+        for key in ("after", "before"):
+            op_id = getattr(action, key)
+            if op_id is not None and op_id not in profile.op_index:
+                raise InputError(file, f"{where}.{key}", f"unknown op {op_id!r}")
+        if action.kind == "prefetch" and action.source not in copies.get(action.tensor, ()):
+            raise InputError(file, where,
+                             f"prefetch from {action.source} of {action.tensor!r}, which is never "
+                             f"offloaded to {action.source} (nor placed there by initial)")
+        if action.kind == "recompute" and profile.producer[action.tensor] is None:
+            raise InputError(file, where,
+                             f"tensor {action.tensor!r} ({tensor.kind}) has no producer to recompute it")

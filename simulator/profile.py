@@ -1,0 +1,498 @@
+"""Profile: one training iteration as ops and tensors, in execution order.
+
+Format ``swapplan-profile/1`` (JSON, gzipped JSON or YAML). Loading validates
+everything and derives, once, the facts every planner and the simulator need:
+producer, consumers, updaters, first and last use, the no-swap peak and the
+ideal time. See docs/formats.md.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import networkx as nx
+import yaml
+
+from .errors import InputError
+from .fields import Reader
+from .files import gzip_bytes, read_document, write_atomic
+
+FORMAT = "swapplan-profile/1"
+TENSOR_KINDS = ("weight", "activation", "gradient", "optimizer_state", "input", "other")
+PERSISTENT_KINDS = frozenset({"weight", "optimizer_state", "input"})
+PHASES = ("forward", "backward", "optimizer", "other")
+SOURCE_KINDS = ("traced", "measured", "imported", "synthetic")
+
+_TENSOR_FIELDS = {"id", "bytes", "kind", "name", "shape", "dtype"}
+_OP_FIELDS = {"id", "name", "phase", "time_us", "inputs", "outputs", "updates",
+              "workspace_bytes", "flops", "module"}
+_TOP_FIELDS = {"format", "name", "source", "tensors", "ops"}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A swappable buffer (one storage): its size and what it is."""
+    id: str
+    bytes: int
+    kind: str
+    name: str | None = None
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+
+    @property
+    def persistent(self) -> bool:
+        """Weights, optimizer state and inputs exist before the first op and after the last."""
+        return self.kind in PERSISTENT_KINDS
+
+    def to_dict(self) -> dict:
+        data = {"id": self.id, "bytes": self.bytes, "kind": self.kind}
+        if self.name is not None:
+            data["name"] = self.name
+        if self.shape is not None:
+            data["shape"] = list(self.shape)
+        if self.dtype is not None:
+            data["dtype"] = self.dtype
+        return data
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel (or fused group) of the iteration."""
+    id: str
+    name: str
+    phase: str
+    time_us: float
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    updates: tuple[str, ...] = ()
+    workspace_bytes: int = 0
+    flops: float | None = None
+    module: str | None = None
+
+    def to_dict(self) -> dict:
+        data = {"id": self.id, "name": self.name, "phase": self.phase,
+                "time_us": float(self.time_us), "inputs": list(self.inputs),
+                "outputs": list(self.outputs)}
+        if self.updates:
+            data["updates"] = list(self.updates)
+        if self.workspace_bytes:
+            data["workspace_bytes"] = self.workspace_bytes
+        if self.flops is not None:
+            data["flops"] = float(self.flops)
+        if self.module is not None:
+            data["module"] = self.module
+        return data
+
+
+@dataclass
+class Profile:
+    """A validated profile and the facts derived from it on construction.
+
+    Construction validates (raising InputError naming ``origin``, the field and the
+    problem) and fills the derived fields; op positions are indices into ``ops``.
+    """
+    name: str
+    tensors: tuple[Tensor, ...]
+    ops: tuple[Op, ...]
+    source: dict = field(default_factory=dict)
+    origin: str = field(default="<profile>", compare=False)
+
+    # Derived on construction (see _derive).
+    tensor_by_id: dict[str, Tensor] = field(init=False, repr=False, compare=False)
+    op_index: dict[str, int] = field(init=False, repr=False, compare=False)
+    producer: dict[str, int | None] = field(init=False, repr=False, compare=False)
+    consumers: dict[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
+    updaters: dict[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
+    first_use: dict[str, int | None] = field(init=False, repr=False, compare=False)
+    last_use: dict[str, int | None] = field(init=False, repr=False, compare=False)
+    resident_bytes: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    persistent_bytes: int = field(init=False, repr=False, compare=False)
+    peak_bytes: int = field(init=False, compare=False)
+    peak_op: str | None = field(init=False, compare=False)
+    ideal_us: float = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.tensors = tuple(self.tensors)
+        self.ops = tuple(self.ops)
+        _derive(self)
+
+    def lifetime(self, tensor_id: str) -> tuple[int, int]:
+        """First and last op position at which the tensor is resident without swapping.
+
+        Persistent tensors span the whole iteration, ``(0, len(ops) - 1)``.
+        """
+        tensor = self.tensor_by_id[tensor_id]
+        if tensor.persistent:
+            return 0, max(len(self.ops) - 1, 0)
+        start = self.producer[tensor_id]
+        end = self.last_use[tensor_id]
+        return start, max(start, end if end is not None else start)
+
+    def to_dict(self) -> dict:
+        """The canonical dict form (what is saved and hashed)."""
+        return {"format": FORMAT, "name": self.name, "source": self.source,
+                "tensors": [t.to_dict() for t in self.tensors],
+                "ops": [o.to_dict() for o in self.ops]}
+
+
+# ----------------------------------------------------------------------------- derive
+
+
+def _derive(profile: Profile) -> None:
+    """Check references and order, then fill the derived fields of ``profile``."""
+    file = profile.origin
+    tensor_by_id: dict[str, Tensor] = {}
+    for i, tensor in enumerate(profile.tensors):
+        if tensor.id in tensor_by_id:
+            raise InputError(file, f"tensors[{i}].id", f"duplicate tensor id {tensor.id!r}")
+        tensor_by_id[tensor.id] = tensor
+
+    op_index: dict[str, int] = {}
+    producer: dict[str, int | None] = {t.id: None for t in profile.tensors}
+    consumers: dict[str, list[int]] = {t.id: [] for t in profile.tensors}
+    updaters: dict[str, list[int]] = {t.id: [] for t in profile.tensors}
+    produced_later = _producers_by_id(profile)
+
+    for i, op in enumerate(profile.ops):
+        where = f"ops[{i}] ({op.id})"
+        if op.id in op_index:
+            raise InputError(file, f"ops[{i}].id", f"duplicate op id {op.id!r}")
+        op_index[op.id] = i
+        for key, ids in (("inputs", op.inputs), ("updates", op.updates), ("outputs", op.outputs)):
+            for j, tid in enumerate(ids):
+                if tid not in tensor_by_id:
+                    raise InputError(file, f"{where}.{key}[{j}]", f"unknown tensor {tid!r}")
+        both = set(op.outputs) & set(op.updates)
+        if both:
+            tid = sorted(both)[0]
+            raise InputError(file, f"{where}.updates",
+                             f"tensor {tid!r} is in both outputs and updates of one op")
+        for key, ids in (("inputs", op.inputs), ("updates", op.updates)):
+            for j, tid in enumerate(ids):
+                tensor = tensor_by_id[tid]
+                if tensor.persistent or producer[tid] is not None:
+                    continue
+                later = produced_later.get(tid)
+                if later is not None and later != op.id:
+                    problem = (f"uses tensor {tid!r} before op {later!r} produces it "
+                               "(ops must be in topological order)")
+                elif later == op.id:
+                    problem = f"uses tensor {tid!r} that it produces itself (a cycle)"
+                else:
+                    problem = f"uses tensor {tid!r}, which no op produces"
+                raise InputError(file, f"{where}.{key}[{j}]", problem)
+        for tid in op.inputs:
+            consumers[tid].append(i)
+        for tid in op.updates:
+            updaters[tid].append(i)
+        for j, tid in enumerate(op.outputs):
+            tensor = tensor_by_id[tid]
+            if tensor.persistent:
+                raise InputError(file, f"{where}.outputs[{j}]",
+                                 f"tensor {tid!r} is persistent ({tensor.kind}) and cannot be an "
+                                 "op output; an op that writes it lists it in updates")
+            if producer[tid] is not None:
+                first = profile.ops[producer[tid]].id
+                raise InputError(file, f"{where}.outputs[{j}]",
+                                 f"tensor {tid!r} is produced twice (already by op {first!r})")
+            producer[tid] = i
+
+    for i, tensor in enumerate(profile.tensors):
+        if not tensor.persistent and producer[tensor.id] is None:
+            raise InputError(file, f"tensors[{i}] ({tensor.id})",
+                             f"non-persistent tensor ({tensor.kind}) is never produced by any op")
+
+    first_use: dict[str, int | None] = {}
+    last_use: dict[str, int | None] = {}
+    for tid in tensor_by_id:
+        uses = consumers[tid] + updaters[tid]
+        first_use[tid] = min(uses) if uses else None
+        last_use[tid] = max(uses) if uses else None
+
+    profile.tensor_by_id = tensor_by_id
+    profile.op_index = op_index
+    profile.producer = producer
+    profile.consumers = {t: tuple(v) for t, v in consumers.items()}
+    profile.updaters = {t: tuple(v) for t, v in updaters.items()}
+    profile.first_use = first_use
+    profile.last_use = last_use
+    profile.ideal_us = math.fsum(op.time_us for op in profile.ops)
+    _derive_peak(profile)
+
+
+def _producers_by_id(profile: Profile) -> dict[str, str]:
+    """Map each tensor id to the id of the first op that lists it as an output."""
+    found: dict[str, str] = {}
+    for op in profile.ops:
+        for tid in op.outputs:
+            found.setdefault(tid, op.id)
+    return found
+
+
+def _derive_peak(profile: Profile) -> None:
+    """The no-swap resident bytes at each op, and its maximum (with the op).
+
+    During op i the GPU holds every persistent tensor, every non-persistent tensor
+    whose lifetime [producer, last use] contains i, and op i's workspace.
+    """
+    n = len(profile.ops)
+    persistent = sum(t.bytes for t in profile.tensors if t.persistent)
+    delta = [0] * (n + 1)
+    for tensor in profile.tensors:
+        if tensor.persistent:
+            continue
+        start, end = profile.lifetime(tensor.id)
+        delta[start] += tensor.bytes
+        delta[end + 1] -= tensor.bytes
+    resident = []
+    live = 0
+    for i, op in enumerate(profile.ops):
+        live += delta[i]
+        resident.append(persistent + live + op.workspace_bytes)
+    profile.persistent_bytes = persistent
+    profile.resident_bytes = tuple(resident)
+    if resident:
+        peak_at = max(range(n), key=resident.__getitem__)
+        profile.peak_bytes = resident[peak_at]
+        profile.peak_op = profile.ops[peak_at].id
+    else:
+        profile.peak_bytes = persistent
+        profile.peak_op = None
+
+
+# ----------------------------------------------------------------------------- order
+
+
+def order_violation(profile: Profile, order: Iterable[str]) -> tuple[str, str | None, str] | None:
+    """Check an op order (a permutation of op ids) against the profile's dependencies.
+
+    The order must contain every op once, run each op after the producers of what it
+    reads or updates, and keep every in-place update of a tensor in the profile's order
+    relative to the other ops touching that tensor (rule R21).
+
+    Returns None when the order is valid, else ``(op_id, tensor_id or None, problem)``.
+    """
+    order = list(order)
+    position: dict[str, int] = {}
+    for k, op_id in enumerate(order):
+        if op_id not in profile.op_index:
+            return op_id, None, f"unknown op {op_id!r}"
+        if op_id in position:
+            return op_id, None, f"op {op_id!r} appears twice"
+        position[op_id] = k
+    if len(position) != len(profile.ops):
+        missing = next(op.id for op in profile.ops if op.id not in position)
+        return missing, None, f"op {missing!r} is missing from the schedule"
+    ops = profile.ops
+    for op_id in order:
+        op = ops[profile.op_index[op_id]]
+        for tid in op.inputs + op.updates:
+            made_by = profile.producer[tid]
+            if made_by is not None and position[ops[made_by].id] > position[op_id]:
+                return op_id, tid, (f"op {op_id!r} runs before op {ops[made_by].id!r}, "
+                                    f"which produces tensor {tid!r}")
+    for before, after, tid in update_order_pairs(profile):
+        a, b = ops[before].id, ops[after].id
+        if position[a] > position[b]:
+            updater = b if after in profile.updaters[tid] else a
+            return updater, tid, (f"in-place update of {tid!r} by op {updater!r} is reordered "
+                                  f"against op {(a if updater == b else b)!r}, which touches it (R21)")
+    return None
+
+
+def dataflow_graph(profile: Profile) -> nx.DiGraph:
+    """The ops as a networkx DiGraph: an edge producer -> user per tensor, and edges
+    that keep in-place updates ordered against the other ops touching the tensor.
+
+    Nodes carry ``name``, ``phase``, ``time_us``; edges carry ``tensors`` (a list).
+    """
+    graph = nx.DiGraph()
+    for op in profile.ops:
+        graph.add_node(op.id, name=op.name, phase=op.phase, time_us=op.time_us)
+
+    def link(a: int, b: int, tid: str) -> None:
+        u, v = profile.ops[a].id, profile.ops[b].id
+        if graph.has_edge(u, v):
+            graph[u][v]["tensors"].append(tid)
+        else:
+            graph.add_edge(u, v, tensors=[tid])
+
+    for tid, made_by in profile.producer.items():
+        if made_by is None:
+            continue
+        for user in sorted(set(profile.consumers[tid]) | set(profile.updaters[tid])):
+            link(made_by, user, tid)
+    for before, after, tid in update_order_pairs(profile):
+        link(before, after, tid)
+    return graph
+
+
+def update_order_pairs(profile: Profile):
+    """Yield ``(before, after, tensor)`` op positions that in-place updates pin (R21).
+
+    For each updater u of t: every op touching t since the previous updater runs before
+    u, and every op touching t up to the next updater runs after u; transitivity then
+    orders every toucher against every update.
+    """
+    for tid, updates in profile.updaters.items():
+        if not updates:
+            continue
+        update_set = set(updates)
+        touching = sorted(set(profile.consumers[tid]) | update_set)
+        for k, u in enumerate(touching):
+            if u not in update_set:
+                continue
+            j = k - 1
+            while j >= 0:
+                yield touching[j], u, tid
+                if touching[j] in update_set:
+                    break
+                j -= 1
+            j = k + 1
+            while j < len(touching) and touching[j] not in update_set:
+                yield u, touching[j], tid
+                j += 1
+
+
+# ----------------------------------------------------------------------------- parse
+
+
+def profile_from_dict(data, file: str = "<profile>") -> Profile:
+    """Validate parsed JSON/YAML and build a Profile.
+
+    Raises InputError naming ``file``, the field and the problem for: a wrong format
+    tag, missing or unknown fields, wrong types, negative or non-finite sizes and
+    times, bad kinds or phases, duplicate ids, unknown tensor ids, a tensor produced
+    twice or used before it is produced, a persistent tensor as an output, and a
+    tensor in both outputs and updates of one op.
+    """
+    top = Reader(data, file)
+    fmt = top.get("format")
+    if fmt != FORMAT:
+        raise top.error("format", f"expected {FORMAT!r}, got {fmt!r}")
+    top.reject_unknown(_TOP_FIELDS)
+    name = top.string("name")
+    source = top.get("source", {})
+    if not isinstance(source, dict):
+        raise top.error("source", "expected an object")
+    _check_plain_json(source, file, "source")
+
+    raw_tensors = top.get("tensors")
+    if not isinstance(raw_tensors, list):
+        raise top.error("tensors", "expected a list")
+    tensors = [_tensor_from_dict(item, file, i) for i, item in enumerate(raw_tensors)]
+
+    raw_ops = top.get("ops")
+    if not isinstance(raw_ops, list):
+        raise top.error("ops", "expected a list")
+    ops = [_op_from_dict(item, file, i) for i, item in enumerate(raw_ops)]
+    return Profile(name=name, tensors=tuple(tensors), ops=tuple(ops), source=source, origin=file)
+
+
+def _tensor_from_dict(item, file: str, i: int) -> Tensor:
+    r = Reader(item, file, f"tensors[{i}]")
+    tid = r.string("id")
+    r.where = f"tensors[{i}] ({tid})"
+    r.reject_unknown(_TENSOR_FIELDS)
+    shape = r.get("shape", None)
+    if shape is not None:
+        if not isinstance(shape, list) or any(
+                isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape):
+            raise r.error("shape", "expected a list of whole numbers >= 0")
+        shape = tuple(shape)
+    return Tensor(id=tid, bytes=r.integer("bytes"), kind=r.string("kind", choices=TENSOR_KINDS),
+                  name=r.string("name", default=None), shape=shape,
+                  dtype=r.string("dtype", default=None))
+
+
+def _op_from_dict(item, file: str, i: int) -> Op:
+    r = Reader(item, file, f"ops[{i}]")
+    oid = r.string("id")
+    r.where = f"ops[{i}] ({oid})"
+    r.reject_unknown(_OP_FIELDS)
+    flops = r.get("flops", None)
+    return Op(
+        id=oid,
+        name=r.string("name"),
+        phase=r.string("phase", choices=PHASES),
+        time_us=r.number("time_us"),
+        inputs=tuple(r.string_list("inputs", default=[])),
+        outputs=tuple(r.string_list("outputs", default=[])),
+        updates=tuple(r.string_list("updates", default=[])),
+        workspace_bytes=r.integer("workspace_bytes", default=0),
+        flops=None if flops is None else r.number("flops"),
+        module=r.string("module", default=None),
+    )
+
+
+def _check_plain_json(value, file: str, where: str, depth: int = 0) -> None:
+    """Free-form fields must hold plain JSON (YAML can produce dates, sets, ...)."""
+    if depth > 32:
+        raise InputError(file, where, "nested too deeply")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InputError(file, where, f"keys must be strings, got {key!r}")
+            _check_plain_json(item, file, f"{where}.{key}", depth + 1)
+    elif isinstance(value, list):
+        for k, item in enumerate(value):
+            _check_plain_json(item, file, f"{where}[{k}]", depth + 1)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise InputError(file, where, "numbers must be finite")
+    elif value is not None and not isinstance(value, (str, int, bool)):
+        raise InputError(file, where, f"expected plain JSON data, got {type(value).__name__}")
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Load and validate a profile from ``.json``, ``.json.gz`` or ``.yaml``.
+
+    Raises InputError naming the file, field and problem.
+    """
+    return profile_from_dict(read_document(path), str(path))
+
+
+def canonical_json(profile: Profile) -> str:
+    """The canonical text: sorted keys, no spaces; what ``profile_sha256`` hashes."""
+    return json.dumps(profile.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def profile_sha256(profile: Profile) -> str:
+    """Hex sha256 of the canonical JSON; plans name the profile they were made for by it."""
+    return hashlib.sha256(canonical_json(profile).encode("utf-8")).hexdigest()
+
+
+def profile_bytes(profile: Profile) -> bytes:
+    """The saved JSON text: canonical entries, one tensor or op per line (diff-friendly)."""
+    data = profile.to_dict()
+
+    def line(value) -> str:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+    head = (f'{{"format":{line(FORMAT)},"name":{line(data["name"])},'
+            f'"source":{line(data["source"])},\n')
+    tensors = ",\n".join(line(t) for t in data["tensors"])
+    ops = ",\n".join(line(o) for o in data["ops"])
+    return f'{head}"tensors":[\n{tensors}\n],\n"ops":[\n{ops}\n]}}\n'.encode("utf-8")
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    """Save as JSON (``.json``), gzipped JSON (``.json.gz``, reproducible) or YAML (``.yaml``).
+
+    The write is atomic. Raises InputError if the file cannot be written.
+    """
+    lower = str(path).lower()
+    if lower.endswith((".yaml", ".yml")):
+        payload = yaml.safe_dump(profile.to_dict(), sort_keys=True).encode("utf-8")
+    elif lower.endswith(".gz"):
+        payload = gzip_bytes(profile_bytes(profile))
+    else:
+        payload = profile_bytes(profile)
+    write_atomic(path, payload)

@@ -1,0 +1,81 @@
+"""Sizes and budgets as people write them: ``123``, ``8GiB``, ``512MB``, ``1.5TB``, ``60%``.
+
+KB/MB/GB/TB are decimal (1000**n), KiB/MiB/GiB/TiB binary (1024**n) (rule R3).
+Bytes are always integers.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from .errors import InputError
+
+_UNITS = {
+    "": 1, "B": 1,
+    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
+    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text, where: str = "size", file: str = "<argument>") -> int:
+    """Parse a byte count such as ``123``, ``8GiB``, ``512MB`` or ``1.5TB``.
+
+    Returns an int (fractions of a byte are rounded down). Raises InputError on
+    anything else, including negative values and unknown units.
+    """
+    if isinstance(text, bool):
+        raise InputError(file, where, f"expected a size, got {text!r}")
+    if isinstance(text, int):
+        if text < 0:
+            raise InputError(file, where, f"size must not be negative, got {text}")
+        return text
+    if isinstance(text, float):
+        if not math.isfinite(text) or text < 0:
+            raise InputError(file, where, f"size must be a finite number >= 0, got {text}")
+        return int(text)
+    if not isinstance(text, str):
+        raise InputError(file, where, f"expected a size such as 8GiB, got {text!r}")
+    match = _SIZE.match(text)
+    if not match:
+        raise InputError(file, where, f"cannot read {text!r} as a size (examples: 123, 512MB, 8GiB, 1.5TB)")
+    number, exponent, unit = match.groups()
+    factor = _UNITS.get(unit.upper())
+    if factor is None:
+        raise InputError(file, where, f"unknown unit {unit!r} in {text!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    value = float(number) * (10 ** int(exponent) if exponent else 1) * factor
+    if not math.isfinite(value):
+        raise InputError(file, where, f"size {text!r} is too large")
+    return int(value)
+
+
+def parse_budget(text, peak_bytes: int, where: str = "budget", file: str = "<argument>") -> int:
+    """Parse a budget: a size, or a percentage of the no-swap peak (``60%``)."""
+    if isinstance(text, str) and text.strip().endswith("%"):
+        number = text.strip()[:-1].strip()
+        try:
+            percent = float(number)
+        except ValueError:
+            raise InputError(file, where, f"cannot read {text!r} as a percentage") from None
+        if not math.isfinite(percent) or percent <= 0:
+            raise InputError(file, where, f"percentage must be > 0, got {text!r}")
+        return int(peak_bytes * percent / 100.0)
+    return parse_size(text, where, file)
+
+
+def format_bytes(n: int | float) -> str:
+    """A short binary-unit rendering: ``1.50 GiB``; exact bytes below 1 KiB."""
+    n = float(n)
+    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= factor:
+            return f"{n / factor:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def format_us(us: float) -> str:
+    """A short time rendering from microseconds: ``812.0 us``, ``12.34 ms``, ``1.234 s``."""
+    if us >= 1e6:
+        return f"{us / 1e6:.3f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.2f} ms"
+    return f"{us:.1f} us"
