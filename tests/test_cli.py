@@ -1,0 +1,126 @@
+"""The command line: outputs, --json fields, one-line errors and exit statuses."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli import app
+from simulator.plan import offload, plan_json, prefetch, Plan
+from simulator.profile import profile_sha256, save_profile
+
+SWAPPLAN = [sys.executable, "-c", "import cli; cli.main()"]
+
+
+def run(*args, debug=False):
+    return CliRunner().invoke(app, list(args), obj={"debug": debug})
+
+
+@pytest.fixture
+def profile_file(two_layer, tmp_path):
+    path = tmp_path / "two.json"
+    save_profile(two_layer, path)
+    return path
+
+
+def test_info_text(profile_file):
+    result = run("info", str(profile_file))
+    assert result.exit_code == 0
+    assert "two-layer" in result.output
+    assert "450 B" in result.output and "at op b1" in result.output
+
+
+def test_info_json_stable_fields(profile_file):
+    result = run("info", str(profile_file), "--json")
+    data = json.loads(result.output)
+    assert data["name"] == "two-layer"
+    assert (data["ops"], data["tensors"], data["peak_bytes"], data["peak_op"]) == (7, 9, 450, "b1")
+    assert data["ideal_us"] == 80.0
+    assert data["bytes_by_kind"]["weight"] == 200 and data["bytes_by_kind"]["gradient"] == 240
+    assert data["largest_tensors"][0]["bytes"] == 100
+
+
+def test_validate_profile_and_plan(two_layer, profile_file, tmp_path):
+    plan = Plan(two_layer.name, (offload("a1", "f2"), prefetch("a1", "loss", "b2")),
+                profile_sha256=profile_sha256(two_layer))
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(plan_json(plan))
+    result = run("validate", str(profile_file), str(plan_path))
+    assert result.exit_code == 0, result.output
+    assert "ok: profile two-layer" in result.output and "2 actions" in result.output
+
+
+def test_validate_bad_plan_exit_2(profile_file, tmp_path):
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps({"format": "swapplan-plan/1", "profile": {"name": "x"},
+                                     "actions": [{"kind": "drop", "tensor": "ghost", "after": "f1"}]}))
+    result = run("validate", str(profile_file), str(plan_path))
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == \
+        f"error: {plan_path}: actions[0] (drop ghost).tensor: unknown tensor 'ghost'"
+
+
+def test_hardware_json():
+    data = json.loads(run("hardware", "--json").output)
+    names = [hw["name"] for hw in data]
+    assert "a100-40gb-pcie4" in names and len(names) == 6
+    a100 = data[names.index("a100-40gb-pcie4")]
+    assert a100["gpu"]["memory_bytes"] == 40 * 2**30 and a100["pcie"]["h2d_gbps"] == 24
+
+
+def test_hardware_text_lists_every_preset():
+    out = run("hardware").output
+    for name in ("v100-16gb-pcie3", "h100-80gb-pcie5", "rtx4090-24gb-pcie4"):
+        assert name in out
+
+
+def test_missing_file_one_line_exit_2(tmp_path):
+    result = run("info", str(tmp_path / "none.json"))
+    assert result.exit_code == 2
+    assert result.output == f"error: {tmp_path / 'none.json'}: no such file\n"
+
+
+def test_unknown_profile_name_lists_shipped():
+    result = run("info", "no-such-model")
+    assert result.exit_code == 2 and "no shipped profile of that name" in result.output
+
+
+def test_internal_errors_are_one_line(monkeypatch, profile_file):
+    import simulator.catalog as catalog
+
+    def boom(*a, **k):
+        raise RuntimeError("kaput")
+    monkeypatch.setattr(catalog, "profile_summary", boom)
+    result = run("info", str(profile_file))
+    assert result.exit_code == 3
+    assert result.output.startswith("internal error: RuntimeError: kaput")
+
+
+def _process(*args, cwd):
+    env = dict(os.environ)
+    return subprocess.run(SWAPPLAN + list(args), capture_output=True, text=True, cwd=cwd, env=env)
+
+
+def test_real_process_bad_input_no_traceback(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "swapplan-profile/1", "name": "x", "tensors": [{"id": "a", "bytes": -1, "kind": "activation"}], "ops": []}')
+    root = Path(__file__).resolve().parents[1]
+    done = _process("info", str(bad), cwd=root)
+    assert done.returncode == 2
+    assert done.stderr == f"error: {bad}: tensors[0] (a).bytes: must be >= 0, got -1\n"
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_real_process_debug_anywhere_shows_traceback(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    done = _process("info", str(tmp_path / "none.json"), "--debug", cwd=root)
+    assert done.returncode != 0 and "Traceback" in done.stderr and "InputError" in done.stderr
+
+
+def test_usage_error_exit_2():
+    assert run("synth", "rnn", "-o", "x.json").exit_code == 2

@@ -1,0 +1,78 @@
+"""Hardware presets and user hardware files."""
+import pytest
+import yaml
+
+from simulator.errors import InputError
+from simulator.hardware import hardware_from_dict, load_hardware, load_presets, preset_dir, preset_names
+
+PRESETS = ["a100-40gb-pcie4", "a100-80gb-pcie4", "h100-80gb-pcie5", "rtx4090-24gb-pcie4",
+           "v100-16gb-pcie3", "v100-32gb-pcie3"]
+
+
+def test_all_presets_ship_and_load():
+    assert preset_names() == PRESETS
+    for hw in load_presets():
+        assert hw.gpu.memory_bytes > 0 and hw.ssd is not None
+        # effective PCIe bandwidth is below the theoretical x16 figure of its generation
+        theoretical = {"pcie3": 15.75, "pcie4": 31.5, "pcie5": 63.0}[hw.name.rsplit("-", 1)[1]]
+        assert hw.pcie.h2d_gbps < theoretical and hw.pcie.d2h_gbps < theoretical
+
+
+def test_preset_figures_match_datasheets():
+    a100 = load_hardware("a100-40gb-pcie4")
+    assert a100.gpu.memory_bytes == 40 * 2**30
+    assert (a100.gpu.fp32_tflops, a100.gpu.fp16_tflops, a100.gpu.hbm_gbps) == (19.5, 312, 1555)
+    assert load_hardware("v100-16gb-pcie3").gpu.bf16_tflops is None  # Volta has no bf16
+    assert load_hardware("h100-80gb-pcie5").gpu.fp16_tflops == 756  # dense, not sparse
+
+
+def test_every_preset_cites_sources():
+    for name in PRESETS:
+        text = (preset_dir() / f"{name}.yaml").read_text()
+        assert "# Sources:" in text
+        assert "datasheet" in text.lower() or "whitepaper" in text.lower()
+
+
+def test_user_file_accepted_and_round_trips(tmp_path):
+    data = load_hardware("a100-40gb-pcie4").to_dict()
+    data["name"] = "my-box"
+    data["pcie"]["duplex"] = "half"
+    data["ssd"]["path"] = "direct"
+    data["gpu"]["memory"] = data["gpu"].pop("memory_bytes")
+    data["host"]["memory"] = data["host"].pop("memory_bytes")
+    data["ssd"]["capacity"] = data["ssd"].pop("capacity_bytes")
+    path = tmp_path / "box.yaml"
+    path.write_text(yaml.safe_dump(data))
+    hw = load_hardware(str(path))
+    assert hw.name == "my-box" and hw.pcie.duplex == "half" and hw.ssd.path == "direct"
+    assert hw.to_dict()["gpu"] == load_hardware("a100-40gb-pcie4").to_dict()["gpu"]
+
+
+def test_ssd_optional():
+    hw = hardware_from_dict({"name": "x", "gpu": {"memory": "8GiB", "fp32_tflops": 1, "fp16_tflops": 2, "hbm_gbps": 100},
+                             "pcie": {"h2d_gbps": 10, "d2h_gbps": 10}, "host": {"memory": "64GiB"}})
+    assert hw.ssd is None and hw.pcie.duplex == "full"
+
+
+def test_unknown_preset_lists_presets():
+    with pytest.raises(InputError, match="unknown preset 'a200'.*a100-40gb-pcie4"):
+        load_hardware("a200")
+
+
+@pytest.mark.parametrize("patch, where, problem", [
+    (lambda d: d["gpu"].update(memory="lots"), "gpu.memory", "cannot read"),
+    (lambda d: d["pcie"].update(h2d_gbps=0), "pcie.h2d_gbps", "must be > 0"),
+    (lambda d: d["pcie"].update(duplex="triple"), "pcie.duplex", "not one of full, half"),
+    (lambda d: d["ssd"].update(path="nfs"), "ssd.path", "not one of host, direct"),
+    (lambda d: d["gpu"].pop("hbm_gbps"), "gpu.hbm_gbps", "missing required field"),
+    (lambda d: d["gpu"].update(tf32_tflops=1), "gpu.tf32_tflops", "unknown field"),
+    (lambda d: d.update(pcie=[1]), "pcie", "expected an object"),
+])
+def test_bad_hardware_file(tmp_path, patch, where, problem):
+    data = yaml.safe_load((preset_dir() / "a100-40gb-pcie4.yaml").read_text())
+    patch(data)
+    path = tmp_path / "hw.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError) as info:
+        load_hardware(str(path))
+    assert str(info.value).startswith(f"{path}: {where}: ") and problem in str(info.value)
