@@ -82,6 +82,7 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)
+        os.chmod(temp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
         os.replace(temp, path)
     except BaseException as exc:
         try:
@@ -91,6 +92,12 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
         if isinstance(exc, OSError):
             raise InputError(str(path), "", f"cannot write: {exc.strerror or exc}") from None
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def gzip_bytes(data: bytes) -> bytes:
