@@ -124,3 +124,32 @@ def test_real_process_debug_anywhere_shows_traceback(tmp_path):
 
 def test_usage_error_exit_2():
     assert run("synth", "rnn", "-o", "x.json").exit_code == 2
+
+
+def test_synth_writes_a_valid_profile(tmp_path):
+    out = tmp_path / "t.json.gz"
+    result = run("synth", "transformer", "--layers", "2", "--width", "128", "--batch", "2", "--seq", "64", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"wrote {out}: synth-transformer-l2-w128-b2-s64")
+    data = json.loads(run("info", str(out), "--json").output)
+    assert data["name"] == "synth-transformer-l2-w128-b2-s64" and data["ops_by_phase"]["optimizer"] > 0
+
+
+def test_synth_bad_parameter_exit_2(tmp_path):
+    result = run("synth", "mlp", "--layers", "0", "-o", str(tmp_path / "x.json"))
+    assert result.exit_code == 2 and result.output.startswith("error: <argument>: layers:")
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_profiles_json_lists_shipped():
+    rows = json.loads(run("profiles", "--json").output)
+    names = {r["name"] for r in rows}
+    assert {"synth-mlp-l16-w8192-b1024", "synth-cnn-l16-w128-b64-s224", "synth-transformer-l12-b16-s1024"} <= names
+    for row in rows:
+        assert set(row) >= {"name", "path", "ops", "peak_bytes", "ideal_us"}
+        assert row["ops"] > 0 and row["peak_bytes"] > 0 and Path(row["path"]).is_file()
+
+
+def test_shipped_profile_by_name():
+    data = json.loads(run("info", "synth-mlp-l16-w8192-b1024", "--json").output)
+    assert data["ops"] == 102
