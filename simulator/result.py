@@ -1,0 +1,73 @@
+"""Result: what one simulation of a plan found (stable field names, SIMULATION.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Span:
+    """One busy interval on a track: an op, a recompute or a transfer."""
+    track: str          # compute | h2d | d2h | ssd_read | ssd_write
+    name: str
+    start_us: float
+    end_us: float
+    args: dict = field(default_factory=dict)
+
+
+@dataclass
+class Timeline:
+    """What happened when: busy spans per resource and GPU memory over time."""
+    spans: list[Span] = field(default_factory=list)
+    memory: list[tuple[float, int]] = field(default_factory=list)  # (time_us, bytes) after each change
+    budget_bytes: int = 0
+    phases: list[tuple[str, float, float]] = field(default_factory=list)  # (phase, start, end)
+
+
+@dataclass
+class Result:
+    """The outcome of simulating one plan on one profile and machine.
+
+    ``valid`` is False when the plan breaks a rule (``rule``, ``op``, ``tensor``,
+    ``reason`` say which); ``feasible`` is False when a valid plan cannot run in the
+    budget (``reason`` names what waits, the bytes needed and free, and the largest
+    residents, also in ``blocked``).
+    """
+    valid: bool = True
+    feasible: bool = True
+    rule: str | None = None
+    op: str | None = None
+    tensor: str | None = None
+    reason: str | None = None
+    budget_bytes: int = 0
+    iteration_us: float = 0.0
+    ideal_us: float = 0.0
+    overhead: float = 0.0
+    compute_us: float = 0.0
+    recompute_us: float = 0.0
+    stall_us: float = 0.0
+    stall_data_us: float = 0.0
+    stall_memory_us: float = 0.0
+    tail_us: float = 0.0
+    peak_bytes: int = 0
+    peak_at_us: float = 0.0
+    bytes_h2d: int = 0
+    bytes_d2h: int = 0
+    bytes_ssd_read: int = 0
+    bytes_ssd_write: int = 0
+    busy_us: dict = field(default_factory=dict)
+    host_peak_bytes: int = 0
+    ssd_peak_bytes: int = 0
+    transfers: int = 0
+    recomputes: int = 0
+    stall_by_op: dict = field(default_factory=dict)   # op id -> {"data_us", "memory_us"}
+    blocked: dict | None = None                      # infeasible: what waits and why
+    timeline: Timeline | None = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.valid and self.feasible
+
+    def to_dict(self) -> dict:
+        """The JSON form: every field but the timeline, in a stable order."""
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "timeline"}
+        return data
