@@ -152,6 +152,76 @@ def synth(model, layers, width, batch, seq, dtype, hardware_name, output) -> Non
                f"peak {format_bytes(profile.peak_bytes)}, ideal {format_us(profile.ideal_us)}")
 
 
+# ----------------------------------------------------------------------------- simulate
+
+
+@app.command()
+@click.argument("profile")
+@click.argument("plan", required=False)
+@click.option("--hardware", "hardware_name", default=None,
+              help="Preset or hardware file [default: the plan's hardware, else the profile's roofline "
+                   "preset, else a100-40gb-pcie4].")
+@click.option("--budget", default=None,
+              help="GPU memory budget: 8GiB, 512MB, or 60% of the no-swap peak [default: the plan's, "
+                   "else the GPU's memory].")
+@click.option("--timeline", "timeline_out", default=None, help="Write a Chrome trace (Perfetto) JSON here.")
+@click.option("--plot", "plot_out", default=None, help="Write a PNG of GPU memory over time here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the Result as JSON.")
+def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, as_json) -> None:
+    """Simulate one iteration of PLAN (no PLAN: no swapping) and report time and memory.
+
+    Exit status: 0 valid and feasible, 1 invalid or infeasible (the report is still
+    printed), 2 bad input.
+    """
+    from simulator.engine import simulate as run_simulation
+    from simulator.plan import empty_plan
+    from simulator.plot import plot_memory
+    from simulator.timeline import write_chrome_trace
+    from simulator.units import parse_budget
+
+    loaded = catalog.open_profile(profile)
+    loaded_plan = load_plan(plan) if plan is not None else empty_plan(loaded)
+    hardware = load_hardware(catalog.default_hardware(hardware_name, loaded_plan, loaded))
+    budget_bytes = parse_budget(budget, loaded.peak_bytes) if budget is not None else None
+    result = run_simulation(loaded, loaded_plan, hardware, budget_bytes,
+                            record=bool(timeline_out or plot_out))
+    if timeline_out and result.timeline is not None:
+        write_chrome_trace(result, timeline_out, title=f"{loaded.name} on {hardware.name}")
+    if plot_out and result.timeline is not None:
+        plot_memory(result, plot_out)
+    if as_json:
+        _echo_json({"profile": loaded.name, "hardware": hardware.name, **result.to_dict()})
+    else:
+        _print_result(loaded.name, hardware.name, result)
+    if not result.ok:
+        raise click.exceptions.Exit(1)
+
+
+def _print_result(profile_name: str, hardware_name: str, result) -> None:
+    status = "ok" if result.ok else ("INVALID" if not result.valid else "INFEASIBLE")
+    click.echo(f"{profile_name} on {hardware_name}, budget {format_bytes(result.budget_bytes)}: {status}")
+    if not result.ok:
+        click.echo(f"  {result.rule}: {result.reason}")
+        if result.valid:
+            click.echo(f"  stopped at {format_us(result.iteration_us)}; peak {format_bytes(result.peak_bytes)}")
+        return
+    click.echo(f"  iteration  {format_us(result.iteration_us)}  (ideal {format_us(result.ideal_us)}, "
+               f"overhead {result.overhead * 100:.2f}%)")
+    click.echo(f"  compute    {format_us(result.compute_us)}  (recompute {format_us(result.recompute_us)})")
+    click.echo(f"  stalls     {format_us(result.stall_us)}  (data {format_us(result.stall_data_us)}, "
+               f"memory {format_us(result.stall_memory_us)}), tail {format_us(result.tail_us)}")
+    click.echo(f"  peak       {format_bytes(result.peak_bytes)} at {format_us(result.peak_at_us)}")
+    click.echo(f"  moved      h2d {format_bytes(result.bytes_h2d)}, d2h {format_bytes(result.bytes_d2h)}, "
+               f"ssd read {format_bytes(result.bytes_ssd_read)}, ssd write {format_bytes(result.bytes_ssd_write)}")
+    if result.host_peak_bytes or result.ssd_peak_bytes:
+        click.echo(f"  off-GPU    host peak {format_bytes(result.host_peak_bytes)}, "
+                   f"ssd peak {format_bytes(result.ssd_peak_bytes)}")
+    worst = sorted(result.stall_by_op.items(), key=lambda kv: -(kv[1]["data_us"] + kv[1]["memory_us"]))[:5]
+    if worst:
+        click.echo("  most stalled: " + ", ".join(
+            f"{op} {format_us(s['data_us'] + s['memory_us'])}" for op, s in worst))
+
+
 # ----------------------------------------------------------------------------- lists
 
 

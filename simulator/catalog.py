@@ -50,6 +50,22 @@ def open_profile(spec: str | Path) -> Profile:
     return load_profile(resolve_profile(spec))
 
 
+DEFAULT_HARDWARE = "a100-40gb-pcie4"
+
+
+def default_hardware(explicit: str | None, plan=None, profile: Profile | None = None) -> str:
+    """Which hardware to use: the explicit one, the plan's, the profile's roofline
+    preset (``source.timing = roofline:<preset>``), else a100-40gb-pcie4."""
+    if explicit:
+        return explicit
+    if plan is not None and plan.hardware:
+        return plan.hardware
+    timing = str((profile.source or {}).get("timing", "")) if profile is not None else ""
+    if timing.startswith("roofline:"):
+        return timing.split(":", 1)[1]
+    return DEFAULT_HARDWARE
+
+
 def profile_summary(profile: Profile, largest: int = 10) -> dict:
     """The stable ``info --json`` fields of a profile (sizes in bytes, times in us)."""
     bytes_by_kind = {kind: 0 for kind in TENSOR_KINDS}

@@ -220,7 +220,10 @@ def _derive(profile: Profile) -> None:
     profile.updaters = {t: tuple(v) for t, v in updaters.items()}
     profile.first_use = first_use
     profile.last_use = last_use
-    profile.ideal_us = math.fsum(op.time_us for op in profile.ops)
+    ideal = 0.0
+    for op in profile.ops:  # left to right, as the simulator's clock adds them
+        ideal += op.time_us
+    profile.ideal_us = ideal
     _derive_peak(profile)
 
 

@@ -1,0 +1,35 @@
+"""Builders of valid plans for tests (not planners): swap chosen tensors across their
+longest idle gap between two uses."""
+from __future__ import annotations
+
+from simulator.plan import Action, Plan, offload, prefetch
+from simulator.profile import Profile, profile_sha256
+
+
+def idle_gaps(profile: Profile, tid: str) -> list[tuple[int, int]]:
+    """Consecutive (previous touch, next use) op positions of a non-persistent tensor."""
+    made = profile.producer[tid]
+    touches = sorted({made, *profile.consumers[tid], *profile.updaters[tid]})
+    return [(a, b) for a, b in zip(touches, touches[1:]) if b - a >= 2]
+
+
+def swap_plan(profile: Profile, tensors, lead: int = 1, tier: str = "host", name: str = "test") -> Plan:
+    """Offload each tensor after the op that opens its longest idle gap and prefetch it
+    ``lead`` ops before the op that closes it (clamped to the gap)."""
+    ops = profile.ops
+    actions: list[Action] = []
+    for tid in tensors:
+        gaps = idle_gaps(profile, tid)
+        if not gaps:
+            continue
+        a, b = max(gaps, key=lambda g: (g[1] - g[0], -g[0]))
+        after = max(a, b - 1 - lead)
+        actions.append(offload(tid, ops[a].id, tier))
+        actions.append(prefetch(tid, ops[after].id, ops[b].id, tier))
+    return Plan(profile.name, tuple(actions), profile_sha256=profile_sha256(profile))
+
+
+def swappable(profile: Profile) -> list[str]:
+    """Non-persistent tensors with an idle gap, largest first."""
+    found = [t for t in profile.tensors if not t.persistent and idle_gaps(profile, t.id)]
+    return [t.id for t in sorted(found, key=lambda t: (-t.bytes, t.id))]
