@@ -22,6 +22,9 @@ $(STAMP_DEV): pyproject.toml | $(BIN)/python
 
 demo: $(STAMP_CORE)
 	$(BIN)/swapplan info synth-transformer-l12-b16-s1024
+	$(BIN)/swapplan simulate synth-transformer-l12-b16-s1024
+	@echo "# Without a plan, 60% of the peak does not fit (exit 1 is the expected answer here):"
+	@$(BIN)/swapplan simulate synth-transformer-l12-b16-s1024 --budget 60%; [ $$? -eq 1 ]
 
 # pytest exits 5 when it collected no tests: that is a failure, never a pass.
 test: $(STAMP_DEV)

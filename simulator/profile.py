@@ -468,8 +468,15 @@ def canonical_json(profile: Profile) -> str:
 
 
 def profile_sha256(profile: Profile) -> str:
-    """Hex sha256 of the canonical JSON; plans name the profile they were made for by it."""
-    return hashlib.sha256(canonical_json(profile).encode("utf-8")).hexdigest()
+    """Hex sha256 of the canonical JSON; plans name the profile they were made for by it.
+
+    Computed once per Profile object (profiles are not changed after construction).
+    """
+    memo = profile.__dict__.get("_sha256")
+    if memo is None:
+        memo = hashlib.sha256(canonical_json(profile).encode("utf-8")).hexdigest()
+        profile.__dict__["_sha256"] = memo
+    return memo
 
 
 def profile_bytes(profile: Profile) -> bytes:

@@ -153,3 +153,76 @@ def test_profiles_json_lists_shipped():
 def test_shipped_profile_by_name():
     data = json.loads(run("info", "synth-mlp-l16-w8192-b1024", "--json").output)
     assert data["ops"] == 102
+
+
+# ----------------------------------------------------------------------------- simulate
+
+STABLE_RESULT_FIELDS = {"valid", "feasible", "rule", "op", "tensor", "reason", "iteration_us", "ideal_us",
+                        "overhead", "stall_us", "stall_data_us", "stall_memory_us", "tail_us", "peak_bytes",
+                        "bytes_h2d", "bytes_d2h", "bytes_ssd_read", "bytes_ssd_write"}
+
+
+def _swap_plan_file(profile, tmp_path, actions):
+    path = tmp_path / "plan.json"
+    path.write_text(plan_json(Plan(profile.name, tuple(actions), profile_sha256=profile_sha256(profile))))
+    return path
+
+
+def test_simulate_without_plan_is_ideal(profile_file):
+    result = run("simulate", str(profile_file), "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.output)
+    assert STABLE_RESULT_FIELDS <= set(data)
+    assert data["valid"] and data["feasible"] and data["iteration_us"] == data["ideal_us"] == 80.0
+    assert data["peak_bytes"] == 450 and data["hardware"] == "a100-40gb-pcie4"
+
+
+def test_simulate_infeasible_exit_1_still_prints_json(profile_file):
+    result = run("simulate", str(profile_file), "--budget", "300", "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.output)
+    assert data["valid"] and not data["feasible"] and data["rule"] == "R10" and data["op"] == "b2"
+
+
+def test_simulate_invalid_plan_exit_1(two_layer, profile_file, tmp_path):
+    plan_path = _swap_plan_file(two_layer, tmp_path, [offload("a1", "f1"), prefetch("a1", "f1", "b2")])
+    result = run("simulate", str(profile_file), str(plan_path))
+    assert result.exit_code == 1
+    assert "INVALID" in result.output and "R13" in result.output
+
+
+def test_simulate_budget_percent_and_text_summary(two_layer, profile_file, tmp_path):
+    plan_path = _swap_plan_file(two_layer, tmp_path, [offload("a1", "f2"), prefetch("a1", "loss", "b2")])
+    result = run("simulate", str(profile_file), str(plan_path), "--budget", "100%")
+    assert result.exit_code == 0, result.output
+    assert "two-layer on a100-40gb-pcie4, budget 450 B: ok" in result.output
+    assert "iteration" in result.output and "moved" in result.output
+
+
+def test_simulate_bad_budget_exit_2(profile_file):
+    result = run("simulate", str(profile_file), "--budget", "lots")
+    assert result.exit_code == 2 and result.output.startswith("error: <argument>: budget:")
+    result = run("simulate", str(profile_file), "--budget", "1TiB")
+    assert result.exit_code == 2 and "more than the GPU's memory" in result.output
+
+
+def test_simulate_plan_for_another_profile_exit_2(two_layer, profile_file, tmp_path):
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(plan_json(Plan("other", (), profile_sha256="0" * 64)))
+    result = run("simulate", str(profile_file), str(plan_path))
+    assert result.exit_code == 2 and "plan was made for another profile" in result.output
+
+
+def test_simulate_writes_timeline_and_plot(two_layer, profile_file, tmp_path):
+    plan_path = _swap_plan_file(two_layer, tmp_path, [offload("a1", "f2"), prefetch("a1", "loss", "b2")])
+    trace, png = tmp_path / "t.json", tmp_path / "m.png"
+    result = run("simulate", str(profile_file), str(plan_path), "--timeline", str(trace), "--plot", str(png))
+    assert result.exit_code == 0, result.output
+    events = json.loads(trace.read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert tracks == {"compute", "h2d", "d2h", "ssd_read", "ssd_write"}
+    names = {e["name"] for e in events if e["ph"] == "X"}
+    assert {"f1", "b2", "offload a1", "prefetch a1"} <= names
+    counters = {e["name"] for e in events if e["ph"] == "C"}
+    assert counters == {"GPU memory (bytes)", "budget (bytes)"}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
