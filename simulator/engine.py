@@ -12,14 +12,17 @@ start, then the waiting transfers in enqueue order (R9).
 """
 from __future__ import annotations
 
+import gc
 import heapq
 from collections import deque
+from contextlib import contextmanager
 
 from .errors import InputError
+from .fastpath import run_fast
 from .hardware import Hardware
 from .plan import Plan, check_plan
 from .profile import Profile
-from .program import Drop, Item, PlanInvalid, Program, Transfer, compile_program
+from .program import Drop, PlanInvalid, Program, Transfer, compile_program
 from .result import Result, Span, Timeline
 
 _ITEM_END = 0
@@ -42,13 +45,16 @@ def resolve_budget(budget_bytes: int | None, plan: Plan, hardware: Hardware) -> 
 
 
 def simulate(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None = None,
-             record: bool = False) -> Result:
+             record: bool = False, reference: bool = False) -> Result:
     """Simulate ``plan`` on ``profile`` and ``hardware``.
 
     Parameters
     ----------
     budget_bytes : the GPU memory budget; None takes the plan's, then the GPU's (R2).
     record : keep a Timeline (spans and memory samples) in ``result.timeline``.
+    reference : always use the pure-Python run loop. Otherwise a run without ``record``
+        goes through the C loop (simulator/fastpath.py) when it is built, and falls back
+        to the reference loop to explain a run that is invalid or infeasible.
 
     Returns
     -------
@@ -62,12 +68,30 @@ def simulate(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int
     """
     check_plan(plan, profile)
     budget = resolve_budget(budget_bytes, plan, hardware)
+    with _gc_paused():
+        try:
+            program = compile_program(profile, plan, hardware)
+        except PlanInvalid as exc:
+            return Result(valid=False, feasible=False, rule=exc.rule, op=exc.op, tensor=exc.tensor,
+                          reason=exc.reason, budget_bytes=budget, ideal_us=profile.ideal_us)
+        if not (record or reference):
+            result = run_fast(profile, program, hardware, budget)
+            if result is not None:
+                return result
+        return _Run(profile, program, hardware, budget, record).run()
+
+
+@contextmanager
+def _gc_paused():
+    """A simulation makes many short-lived objects and no reference cycles: pausing the
+    cyclic garbage collector keeps it from scanning a large profile again and again."""
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        program = compile_program(profile, plan, hardware)
-    except PlanInvalid as exc:
-        return Result(valid=False, feasible=False, rule=exc.rule, op=exc.op, tensor=exc.tensor,
-                      reason=exc.reason, budget_bytes=budget, ideal_us=profile.ideal_us)
-    return _Run(profile, program, hardware, budget, record).run()
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class _Infeasible(Exception):
@@ -82,7 +106,7 @@ class _Run:
     def __init__(self, profile: Profile, program: Program, hardware: Hardware, budget: int, record: bool):
         self.profile = profile
         self.program = program
-        self.items = program.items
+        self.seq = program.seq
         self.budget = budget
         self.nbytes = program.tensor_bytes
         self.now = 0.0
@@ -192,26 +216,25 @@ class _Run:
 
     def _item_end(self, k: int) -> None:
         """R7: workspace, last-use frees, offload releases, then the actions after the op."""
-        item = self.items[k]
         self.running = False
         self.head = k + 1
         self.ready_at = self.now
         self.data_ready_at = None
         self.last_compute_end = self.now
-        self.mem -= item.workspace
+        self.mem -= self.seq.workspace[k]
         self._sample()
-        for tid in item.frees:
+        for tid in self.seq.frees[k]:
             if self.in_flight.get(tid):
                 self.dead_pending.add(tid)
             else:
                 self._free(tid)
                 self._tier_release(tid)
-        for transfer in item.releases:
+        for transfer in self.program.releases.get(k, ()):
             if transfer.ended:
                 self._free(transfer.tensor)
-        for action in item.actions:
+        for action in self.program.actions.get(k, ()):
             if isinstance(action, Drop):
-                self._drop(action, item.group)
+                self._drop(action, self.seq.group[k])
             else:
                 self._enqueue(action)
 
@@ -234,17 +257,18 @@ class _Run:
     # ------------------------------------------------------------------ starts
 
     def _try_compute(self) -> None:
-        if self.running or self.head >= len(self.items):
+        seq = self.seq
+        if self.running or self.head >= len(seq):
             return
         k = self.head
-        item = self.items[k]
+        recomputed = seq.recomputed[k]
         if self.data_ready_at is None:
-            if any(not w.ended for w in item.waits):
+            if any(not w.ended for w in self.program.waits.get(k, ())):
                 return
-            if item.kind == "recompute" and item.tensor in self.on_gpu:
+            if recomputed is not None and recomputed in self.on_gpu:
                 return  # R15: the older copy is still being copied out
             self.data_ready_at = self.now
-        if self.mem + item.alloc_bytes > self.budget:
+        if self.mem + seq.alloc_bytes[k] > self.budget:
             return
         start = self.now
         data_wait = self.data_ready_at - self.ready_at
@@ -252,20 +276,21 @@ class _Run:
         if data_wait > 0 or memory_wait > 0:
             self.stall_data += data_wait
             self.stall_memory += memory_wait
-            entry = self.stall_by_op.setdefault(item.group, {"data_us": 0.0, "memory_us": 0.0})
+            entry = self.stall_by_op.setdefault(seq.group[k], {"data_us": 0.0, "memory_us": 0.0})
             entry["data_us"] += data_wait
             entry["memory_us"] += memory_wait
-        self._alloc(item.allocs, item.workspace)
+        self._alloc(seq.allocs[k], seq.workspace[k])
         self.running = True
-        end = start + item.time_us
-        self.compute_us += item.time_us
-        if item.kind == "recompute":
-            self.recompute_us += item.time_us
+        time_us = seq.time_us[k]
+        end = start + time_us
+        self.compute_us += time_us
+        if recomputed is not None:
+            self.recompute_us += time_us
         if self.record:
-            op = self.profile.ops[item.op_index]
-            name = op.id if item.kind == "op" else f"recompute {item.tensor}"
-            self.spans.append(Span("compute", name, start, end,
-                                   {"op": op.id, "kernel": op.name, "phase": op.phase, "kind": item.kind}))
+            op = self.profile.ops[seq.op_index[k]]
+            name = op.id if recomputed is None else f"recompute {recomputed}"
+            self.spans.append(Span("compute", name, start, end, {"op": op.id, "kernel": op.name, "phase": op.phase,
+                                                                  "kind": "op" if recomputed is None else "recompute"}))
         self._push(end, _ITEM_END, k)
 
     def _try_transfers(self) -> None:
@@ -309,7 +334,7 @@ class _Run:
     def run(self) -> Result:
         result = Result(budget_bytes=self.budget, ideal_us=self.profile.ideal_us,
                         transfers=len(self.program.transfers),
-                        recomputes=sum(1 for item in self.items if item.kind == "recompute"))
+                        recomputes=sum(1 for tid in self.seq.recomputed if tid is not None))
         try:
             if self.mem > self.budget:
                 raise _Infeasible("R10", None, None,
@@ -331,7 +356,7 @@ class _Run:
                     else:
                         self._transfer_end(obj)
                 self._step()
-            if self.head < len(self.items) or any(self.queues.values()):
+            if self.head < len(self.seq) or any(self.queues.values()):
                 raise self._stuck()
         except PlanInvalid as exc:
             result.valid = result.feasible = False
@@ -352,22 +377,23 @@ class _Run:
         free = self.budget - self.mem
         residents = self._largest_residents()
         shown = ", ".join(f"{r['tensor']} ({r['bytes']} B)" for r in residents) or "none"
-        if self.head < len(self.items):
-            item = self.items[self.head]
-            pending = [w for w in item.waits if not w.ended]
+        seq, k = self.seq, self.head
+        op = seq.group[k] if k < len(seq) else None
+        if k < len(seq):
+            pending = [w for w in self.program.waits.get(k, ()) if not w.ended]
             if pending:
                 waiting = pending[0]
-                what = f"op {item.group!r} waits for the prefetch of {waiting.tensor!r}, which waits for memory"
+                what = f"op {op!r} waits for the prefetch of {waiting.tensor!r}, which waits for memory"
                 needed, tensor = waiting.nbytes, waiting.tensor
             else:
-                label = f"op {item.group!r}" if item.kind == "op" else f"recompute of {item.tensor!r} before {item.group!r}"
+                recomputed = seq.recomputed[k]
+                label = f"op {op!r}" if recomputed is None else f"recompute of {recomputed!r} before {op!r}"
                 what = f"{label} waits for memory"
-                needed, tensor = item.alloc_bytes, item.tensor
+                needed, tensor = seq.alloc_bytes[k], recomputed
         else:
             waiting = next(q[0] for q in self.queues.values() if q)
             what = f"the final {waiting.kind} of {waiting.tensor!r} cannot start"
             needed, tensor = waiting.nbytes, waiting.tensor
-        op = self.items[self.head].group if self.head < len(self.items) else None
         reason = f"{what}: needs {needed} bytes, {free} free; largest residents: {shown}"
         return _Infeasible("R10", op, tensor, reason, {"waiting": what, "needed_bytes": needed,
                                                         "free_bytes": free, "largest_residents": residents})

@@ -13,9 +13,13 @@ def idle_gaps(profile: Profile, tid: str) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(touches, touches[1:]) if b - a >= 2]
 
 
-def swap_plan(profile: Profile, tensors, lead: int = 1, tier: str = "host", name: str = "test") -> Plan:
+def swap_plan(profile: Profile, tensors, lead: int = 1, tier: str = "host", early: int = 0) -> Plan:
     """Offload each tensor after the op that opens its longest idle gap and prefetch it
-    ``lead`` ops before the op that closes it (clamped to the gap)."""
+    ``lead`` ops before the op that closes it (clamped to the gap).
+
+    ``early`` > 0 issues the offload up to that many touches before the gap instead, when
+    those touches only read the tensor: they then read it inside the offload's window.
+    """
     ops = profile.ops
     actions: list[Action] = []
     for tid in tensors:
@@ -24,7 +28,13 @@ def swap_plan(profile: Profile, tensors, lead: int = 1, tier: str = "host", name
             continue
         a, b = max(gaps, key=lambda g: (g[1] - g[0], -g[0]))
         after = max(a, b - 1 - lead)
-        actions.append(offload(tid, ops[a].id, tier))
+        start = a
+        touches = sorted({profile.producer[tid], *profile.consumers[tid], *profile.updaters[tid]})
+        for p in reversed(touches[max(0, touches.index(a) - early):touches.index(a)]):
+            if any(u in profile.updaters[tid] for u in touches if p < u <= a):
+                break
+            start = p
+        actions.append(offload(tid, ops[start].id, tier))
         actions.append(prefetch(tid, ops[after].id, ops[b].id, tier))
     return Plan(profile.name, tuple(actions), profile_sha256=profile_sha256(profile))
 

@@ -1,10 +1,13 @@
 """Invariants of the simulator over random training-like graphs and random valid plans."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from simulator import fastpath
 from simulator.engine import simulate
+from simulator.program import compile_program
 from simulator.plan import Plan, drop, recompute
 from tests.conftest import make_profile
 from tests.engine_helpers import machine
@@ -12,7 +15,8 @@ from tests.plans import idle_gaps, swap_plan
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MACHINES = [machine(), machine(duplex="half", pcie_latency=3, ssd_latency=7),
-            machine(ssd_path="direct", pcie_latency=1, h2d=0.002, ssd_read=0.003)]
+            machine(ssd_path="direct", pcie_latency=1, h2d=0.002, ssd_read=0.003),
+            machine(h2d=0.05, d2h=0.05, ssd_read=0.02, ssd_write=0.02)]  # copies faster than ops
 
 
 @st.composite
@@ -25,7 +29,7 @@ def profiles(draw):
     produced: list[str] = []
     for k in range(draw(st.integers(1, 14))):
         pool = produced + [w for w in tensors if tensors[w][1] == "weight"]
-        inputs = sorted(set(draw(st.lists(st.sampled_from(pool), max_size=3)))) if pool else []
+        inputs = sorted(set(draw(st.lists(st.sampled_from(pool), max_size=4)))) if pool else []
         outputs = []
         for j in range(draw(st.integers(0 if inputs else 1, 2))):
             tid = f"t{k}_{j}"
@@ -55,7 +59,8 @@ def scenarios(draw):
     chosen = draw(st.lists(st.sampled_from(candidates), unique=True)) if candidates else []
     recomputed = [t for t in chosen if recomputable(profile, t) and draw(st.booleans())]
     swapped = [t for t in chosen if t not in recomputed]
-    plan = swap_plan(profile, swapped, lead=draw(st.integers(0, 3)), tier=draw(st.sampled_from(["host", "ssd"])))
+    plan = swap_plan(profile, swapped, lead=draw(st.integers(0, 3)), tier=draw(st.sampled_from(["host", "ssd"])),
+                     early=draw(st.sampled_from([0, 1, 2, 3, 3])))
     extra = []
     for tid in recomputed:
         a, b = max(idle_gaps(profile, tid), key=lambda g: g[1] - g[0])
@@ -129,3 +134,27 @@ def test_replay_gives_the_same_result(scenario):
     second = simulate(profile, plan, hw, budget, record=True)
     assert first.to_dict() == second.to_dict()
     assert first.timeline == second.timeline
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_fast_path_agrees_with_the_reference(scenario):
+    """The C loop alone (no fallback): a result equal to the reference's when the
+    reference succeeds, and 'not ok' (None) exactly when it does not."""
+    profile, plan, hw, budget = scenario
+    reference = simulate(profile, plan, hw, budget, reference=True)
+    if not reference.valid or not fastpath.available():
+        return
+    fast = fastpath.run_fast(profile, compile_program(profile, plan, hw), hw, budget)
+    if reference.ok:
+        assert fast is not None and fast.to_dict() == reference.to_dict()
+    else:
+        assert fast is None
+
+
+def test_fast_path_is_built_where_a_compiler_is():
+    import shutil
+
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here: the C run loop is optional and the reference loop is used")
+    assert fastpath.available()

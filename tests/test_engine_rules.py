@@ -7,13 +7,28 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.engine import simulate
+from simulator import fastpath
+from simulator.engine import simulate as engine_simulate
+from simulator.program import compile_program
 from simulator.errors import InputError
 from simulator.plan import drop, offload, prefetch, recompute
 from tests.conftest import make_profile
 from tests.engine_helpers import chain, machine, plan
 
 HW = machine()
+
+
+def simulate(profile, plan, hardware, budget_bytes=None, record=False):
+    """Every test here runs both loops: the reference (returned, with its timeline when
+    asked) and the C loop, which must give the same result when the run succeeds and
+    report failure (None) when it does not."""
+    reference = engine_simulate(profile, plan, hardware, budget_bytes, record=record, reference=True)
+    assert engine_simulate(profile, plan, hardware, budget_bytes).to_dict() == reference.to_dict()
+    if reference.valid and fastpath.available():
+        fast = fastpath.run_fast(profile, compile_program(profile, plan, hardware), hardware,
+                                 reference.budget_bytes)
+        assert (fast is None) if not reference.ok else (fast.to_dict() == reference.to_dict())
+    return reference
 
 
 def spans(result, track):
@@ -192,6 +207,17 @@ def test_r7_offload_release_waits_for_the_last_reader_in_its_window():
     assert mem[40.0] == 110
     # At 110 a is released and its prefetch (enqueued at 30) allocates it again at once.
     assert spans(r, "h2d") == [("prefetch a", 110.0, 210.0)]
+
+
+def test_r11_release_when_the_last_reader_ends_after_the_copy():
+    # A fast link (100 B/us): a's copy runs 10-11, but f2 reads a in the window until 20,
+    # so a is released at 20: f3 then holds b 50 + c 50 = 100 instead of 200.
+    p = chain()
+    r = simulate(p, plan(p, offload("a", "f1"), prefetch("a", "f3", "b1")), machine(d2h=0.1, h2d=0.1),
+                 budget_bytes=1000, record=True)
+    assert spans(r, "d2h") == [("offload a", 10.0, 11.0)]
+    assert dict(r.timeline.memory)[20.0] == 100
+    assert r.peak_bytes == 160  # at f4: a is back (prefetched 30-31) + c 50 + d 10
 
 
 def test_r8_recompute_extends_the_life_of_its_inputs():
