@@ -36,8 +36,9 @@ def median_ms(fn, repeat: int) -> float:
 def case(layers: int, transfers: int, repeat: int) -> None:
     profile = synthesize("transformer", layers=layers, batch=8, seq=512)
     hw = load_hardware("a100-40gb-pcie4")
-    # A GPU as large as the biggest profile needs, so every case runs to the end.
-    hw = replace(hw, gpu=replace(hw.gpu, memory_bytes=max(hw.gpu.memory_bytes, 2 * profile.peak_bytes)))
+    # A GPU and host as large as the biggest profile needs, so every case runs to the end.
+    room = max(hw.gpu.memory_bytes, 2 * profile.peak_bytes)
+    hw = replace(hw, gpu=replace(hw.gpu, memory_bytes=room), host=replace(hw.host, memory_bytes=room))
     plan = swap_plan(profile, swappable(profile)[: transfers // 2], lead=2)
     fast = simulate(profile, plan, hw)
     reference = simulate(profile, plan, hw, reference=True)

@@ -400,19 +400,19 @@ def test_r14_drop_with_offload_in_flight_is_invalid():
     assert_invalid(r, "R14", "f2", "a", "still in flight")
 
 
+CHAIN_TENSORS_LONG = {"a": (100, "activation"), "b": (50, "activation"), "c": (50, "activation"),
+                      "d": (10, "activation"), "e": (10, "gradient")}
+CHAIN_OPS_LONG = [("f1", "forward", 10.0, [], ["a"]), ("f2", "forward", 10.0, ["a"], ["b"]),
+                  ("f3", "forward", 10.0, ["b"], ["c"]), ("f4", "forward", 200.0, ["c"], ["d"]),
+                  ("b1", "backward", 10.0, ["d", "a"], ["e"]), ("b2", "backward", 10.0, ["e"], [])]
+
+
 def test_r14_drop_after_completed_offload_is_valid():
     # offload a after f2 (20-120); f4 is long (30-230), so when the drop after f4 comes
     # the copy is complete.
     p = make_profile(CHAIN_TENSORS_LONG, CHAIN_OPS_LONG, "long")
     r = simulate(p, plan(p, offload("a", "f2"), drop("a", "f4"), prefetch("a", "f4", "b1")), HW, budget_bytes=1000)
     assert r.ok, r.reason
-
-
-CHAIN_TENSORS_LONG = {"a": (100, "activation"), "b": (50, "activation"), "c": (50, "activation"),
-                      "d": (10, "activation"), "e": (10, "gradient")}
-CHAIN_OPS_LONG = [("f1", "forward", 10.0, [], ["a"]), ("f2", "forward", 10.0, ["a"], ["b"]),
-                  ("f3", "forward", 10.0, ["b"], ["c"]), ("f4", "forward", 200.0, ["c"], ["d"]),
-                  ("b1", "backward", 10.0, ["d", "a"], ["e"]), ("b2", "backward", 10.0, ["e"], [])]
 
 
 # ----------------------------------------------------------------------------- R15
@@ -588,3 +588,10 @@ def test_r22_iteration_ends_when_the_last_transfer_ends():
                  budget_bytes=1000)
     # prefetch 0-100; k1 0-10; k2 100-110; write-back 110-210
     assert r.ok and r.iteration_us == 210.0 and r.tail_us == 100.0
+
+
+def test_r18_ssd_action_on_a_machine_without_ssd_is_invalid():
+    from dataclasses import replace
+    p = chain()
+    r = simulate(p, plan(p, offload("a", "f2", "ssd"), prefetch("a", "f3", "b1", "ssd")), replace(HW, ssd=None))
+    assert_invalid(r, "R18", "f2", "a", "has no SSD")
