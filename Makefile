@@ -16,8 +16,10 @@ $(STAMP_CORE): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
+# The tests also trace small models, so they install the `trace` extra (torch pinned to
+# the CPU build 2.13.0, never a multi-GB CUDA build) with the `dev` tools.
 $(STAMP_DEV): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,trace]'
 	touch $(STAMP_CORE) $@
 
 demo: $(STAMP_CORE)

@@ -222,6 +222,85 @@ def _print_result(profile_name: str, hardware_name: str, result) -> None:
             f"{op} {format_us(s['data_us'] + s['memory_us'])}" for op, s in worst))
 
 
+# ----------------------------------------------------------------------------- plan
+
+
+def _parse_params(pairs: tuple[str, ...]) -> dict:
+    params = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InputError("<argument>", "--param", f"expected key=value, got {pair!r}")
+        params[key.strip()] = value.strip()
+    return params
+
+
+@app.command("plan")
+@click.argument("profile")
+@click.option("--planner", "planner_name", default="none", show_default=True,
+              help="Which planner (see `swapplan planners`).")
+@click.option("--budget", required=True, help="GPU memory budget: 8GiB, 512MB, or 60% of the no-swap peak.")
+@click.option("--hardware", "hardware_name", default=None,
+              help="Preset or hardware file [default: the profile's roofline preset, else a100-40gb-pcie4].")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="A planner parameter (repeatable).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed for planners that use randomness.")
+@click.option("-o", "--output", default=None, help="Write the plan JSON here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan summary as JSON.")
+def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, output, as_json) -> None:
+    """Plan what leaves GPU memory for PROFILE within a budget, and score the plan.
+
+    The plan is simulated and its prediction stored in it. Exit status: 0 when the plan
+    fits the budget, 1 when the planner could not meet it (its best plan is still
+    written, marked infeasible), 2 bad input.
+    """
+    from planner.api import make_plan
+    from simulator.plan import save_plan
+    from simulator.units import parse_budget
+
+    loaded = catalog.open_profile(profile)
+    hardware = load_hardware(catalog.default_hardware(hardware_name, None, loaded))
+    budget_bytes = parse_budget(budget, loaded.peak_bytes)
+    planned = make_plan(loaded, hardware, budget_bytes, planner_name, _parse_params(params), seed)
+    if output:
+        save_plan(planned.plan, output)
+    result = planned.result
+    summary = {"profile": loaded.name, "hardware": hardware.name, "planner": planner_name,
+               "params": planned.plan.planner.params, "seed": seed, "status": planned.plan.planner.status,
+               "budget_bytes": budget_bytes, "planning_seconds": planned.seconds,
+               "actions": len(planned.plan.actions), "output": output, **result.to_dict()}
+    if as_json:
+        _echo_json(summary)
+    else:
+        click.echo(f"planner {planner_name} ({planned.plan.planner.status}): {len(planned.plan.actions)} actions "
+                   f"in {planned.seconds:.3f} s" + (f", written to {output}" if output else ""))
+        _print_result(loaded.name, hardware.name, result)
+    if not result.ok:
+        raise click.exceptions.Exit(1)
+
+
+@app.command("planners")
+@click.option("--json", "as_json", is_flag=True, help="Print the planners and their parameters as JSON.")
+def planners_cmd(as_json: bool) -> None:
+    """List the planners and their parameters."""
+    from planner.registry import planners
+
+    specs = planners()
+    if as_json:
+        _echo_json([{"name": s.name, "summary": s.summary, "paper": s.paper,
+                     "moves_persistent": s.moves_persistent,
+                     "params": [{"name": p.name, "default": p.default, "help": p.help,
+                                 "choices": list(p.choices) if p.choices else None} for p in s.params]}
+                    for s in specs])
+        return
+    for spec in specs:
+        click.echo(f"{spec.name}: {spec.summary}" + (f"  [{spec.paper}]" if spec.paper else ""))
+        if spec.moves_persistent:
+            click.echo("    moves weights and optimizer state too")
+        for p in spec.params:
+            choices = f" (one of {', '.join(p.choices)})" if p.choices else ""
+            click.echo(f"    --param {p.name}={p.default}  {p.help}{choices}")
+
+
 # ----------------------------------------------------------------------------- lists
 
 

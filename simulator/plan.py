@@ -72,14 +72,15 @@ class PlannerInfo:
     """Who made the plan, with which parameters, how long it took and how it ended."""
     name: str = "none"
     params: dict = field(default_factory=dict)
-    seconds: float = 0.0
+    seconds: float | None = None  # left out of exported plans so they stay byte-identical
     status: str = "ok"
     gap: float | None = None
     seed: int | None = None
 
     def to_dict(self) -> dict:
-        data = {"name": self.name, "params": self.params, "seconds": self.seconds,
-                "status": self.status}
+        data = {"name": self.name, "params": self.params, "status": self.status}
+        if self.seconds is not None:
+            data["seconds"] = self.seconds
         if self.gap is not None:
             data["gap"] = self.gap
         if self.seed is not None:
@@ -160,7 +161,7 @@ def plan_from_dict(data, file: str = "<plan>") -> Plan:
                               before=item.get("before")))
     raw_planner = data.get("planner") or {"name": "unknown"}
     planner = PlannerInfo(name=raw_planner["name"], params=raw_planner.get("params", {}),
-                          seconds=float(raw_planner.get("seconds", 0.0)),
+                          seconds=raw_planner.get("seconds"),
                           status=raw_planner.get("status", "ok"), gap=raw_planner.get("gap"),
                           seed=raw_planner.get("seed"))
     schedule = data.get("schedule")

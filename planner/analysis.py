@@ -1,0 +1,82 @@
+"""Facts about a profile that several planners use: when each op starts on an ideal
+timeline, each tensor's idle gaps between uses, and the smallest budget any plan can meet.
+
+Plain functions over a Profile (NetworkX style); nothing here knows a planner.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.profile import Profile
+
+
+def op_start_us(profile: Profile) -> list[float]:
+    """Start time of each op when nothing stalls (the ideal timeline); one extra entry
+    at the end holds the ideal iteration time."""
+    starts = [0.0]
+    for op in profile.ops:
+        starts.append(starts[-1] + op.time_us)
+    return starts
+
+
+def touches(profile: Profile, tid: str) -> list[int]:
+    """Op positions that produce, read or update the tensor, in order."""
+    found = set(profile.consumers[tid]) | set(profile.updaters[tid])
+    if profile.producer[tid] is not None:
+        found.add(profile.producer[tid])
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class Gap:
+    """An idle interval of a tensor: after op position ``after`` it is not touched again
+    until op position ``before`` (``after < before - 1``)."""
+    tensor: str
+    nbytes: int
+    after: int
+    before: int
+    start_us: float   # ideal end of op ``after``
+    end_us: float     # ideal start of op ``before``
+
+    @property
+    def length_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+def idle_gaps(profile: Profile, tid: str, starts: list[float] | None = None) -> list[Gap]:
+    """The tensor's gaps between consecutive touches that contain at least one other op.
+
+    Only gaps inside the iteration; a persistent tensor's gap across the iteration
+    boundary (last touch to first touch of the next iteration) is not included.
+    """
+    starts = starts if starts is not None else op_start_us(profile)
+    nbytes = profile.tensor_by_id[tid].bytes
+    points = touches(profile, tid)
+    return [Gap(tid, nbytes, a, b, starts[a + 1], starts[b])
+            for a, b in zip(points, points[1:]) if b - a >= 2]
+
+
+def working_set(profile: Profile, position: int, include_persistent: bool = True) -> int:
+    """Bytes an op needs on the GPU while it runs: its inputs, outputs, in-place updates
+    and workspace (persistent tensors only if ``include_persistent``)."""
+    op = profile.ops[position]
+    tensors = profile.tensor_by_id
+    ids = set(op.inputs) | set(op.outputs) | set(op.updates)
+    return op.workspace_bytes + sum(tensors[t].bytes for t in ids
+                                    if include_persistent or not tensors[t].persistent)
+
+
+def budget_floor(profile: Profile, moves_persistent: bool) -> tuple[int, str | None]:
+    """The smallest budget any plan of this kind can meet, and the op that sets it.
+
+    A planner that keeps weights and optimizer state on the GPU needs them all plus the
+    largest working set of non-persistent tensors of a single op; one that may move them
+    needs only the largest single-op working set.
+    """
+    base = 0 if moves_persistent else profile.persistent_bytes
+    best, where = base, None
+    for i, op in enumerate(profile.ops):
+        need = base + working_set(profile, i, include_persistent=moves_persistent)
+        if need > best:
+            best, where = need, op.id
+    return best, where
