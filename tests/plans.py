@@ -2,15 +2,14 @@
 longest idle gap between two uses."""
 from __future__ import annotations
 
+from planner import analysis
 from simulator.plan import Action, Plan, offload, prefetch
 from simulator.profile import Profile, profile_sha256
 
 
 def idle_gaps(profile: Profile, tid: str) -> list[tuple[int, int]]:
-    """Consecutive (previous touch, next use) op positions of a non-persistent tensor."""
-    made = profile.producer[tid]
-    touches = sorted({made, *profile.consumers[tid], *profile.updaters[tid]})
-    return [(a, b) for a, b in zip(touches, touches[1:]) if b - a >= 2]
+    """(previous touch, next use) op positions of a tensor's idle gaps."""
+    return [(g.after, g.before) for g in analysis.idle_gaps(profile, tid)]
 
 
 def swap_plan(profile: Profile, tensors, lead: int = 1, tier: str = "host", early: int = 0) -> Plan:
@@ -29,7 +28,7 @@ def swap_plan(profile: Profile, tensors, lead: int = 1, tier: str = "host", earl
         a, b = max(gaps, key=lambda g: (g[1] - g[0], -g[0]))
         after = max(a, b - 1 - lead)
         start = a
-        touches = sorted({profile.producer[tid], *profile.consumers[tid], *profile.updaters[tid]})
+        touches = analysis.touches(profile, tid)
         for p in reversed(touches[max(0, touches.index(a) - early):touches.index(a)]):
             if any(u in profile.updaters[tid] for u in touches if p < u <= a):
                 break

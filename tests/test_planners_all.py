@@ -1,0 +1,88 @@
+"""Every registered planner on the shipped synthetic profiles at 90/70/50/30% of the peak:
+each plan is valid, and within budget or honestly marked infeasible; plans are
+deterministic. Plus the registry's own checks (floor, parameters)."""
+from __future__ import annotations
+
+import pytest
+
+from planner.analysis import budget_floor
+from planner.api import make_plan
+from planner.registry import Param, get_planner, planners
+from simulator.catalog import open_profile
+from simulator.errors import InputError
+from simulator.hardware import load_hardware
+from simulator.plan import plan_json
+
+PROFILES = ["synth-mlp-l16-w8192-b1024", "synth-cnn-l16-w128-b64-s224", "synth-transformer-l12-b16-s1024"]
+FRACTIONS = [0.9, 0.7, 0.5, 0.3]
+HW = load_hardware("a100-40gb-pcie4")
+
+
+@pytest.fixture(scope="module")
+def profiles():
+    return {name: open_profile(name) for name in PROFILES}
+
+
+@pytest.mark.parametrize("planner", [spec.name for spec in planners()])
+@pytest.mark.parametrize("profile_name", PROFILES)
+def test_plans_are_valid_and_within_budget_or_marked_infeasible(profiles, planner, profile_name):
+    profile = profiles[profile_name]
+    spec = get_planner(planner)
+    floor, _ = budget_floor(profile, spec.moves_persistent)
+    for fraction in FRACTIONS:
+        budget = min(int(profile.peak_bytes * fraction), HW.gpu.memory_bytes)
+        if budget < floor:
+            continue
+        planned = make_plan(profile, HW, budget, planner)
+        result = planned.result
+        assert result.valid, f"{planner} {profile_name} {fraction}: {result.rule} {result.reason}"
+        if result.feasible:
+            assert result.peak_bytes <= budget
+            assert planned.plan.planner.status != "infeasible"
+        else:
+            assert planned.plan.planner.status == "infeasible"
+        assert planned.plan.predicted["feasible"] == result.feasible
+
+
+@pytest.mark.parametrize("planner", [spec.name for spec in planners()])
+def test_same_inputs_and_seed_give_byte_identical_plans(profiles, planner):
+    profile = profiles["synth-transformer-l12-b16-s1024"]
+    budget = int(profile.peak_bytes * 0.7)
+    first = make_plan(profile, HW, budget, planner, seed=3).plan
+    second = make_plan(profile, HW, budget, planner, seed=3).plan
+    assert plan_json(first) == plan_json(second)
+
+
+def test_budget_below_the_floor_names_it(profiles):
+    profile = profiles["synth-mlp-l16-w8192-b1024"]
+    floor, op = budget_floor(profile, moves_persistent=False)
+    with pytest.raises(InputError, match=f"smallest budget planner 'none' can meet: {floor} bytes \\(op '{op}'"):
+        make_plan(profile, HW, floor - 1, "none")
+
+
+def test_floor_counts_persistent_tensors_only_for_planners_that_keep_them(two_layer):
+    # two-layer: persistent 210 B. b2's working set: l 1 + a1 40 + w2 100 + g2 100 + da1 40 = 281
+    # (281 - 100 = 181 without w2). Keeping weights: 210 + 181 = 391 at b2; moving them:
+    # the largest working set of any op including weights, 281 at b2.
+    assert budget_floor(two_layer, moves_persistent=False) == (391, "b2")
+    assert budget_floor(two_layer, moves_persistent=True) == (281, "b2")
+
+
+def test_unknown_planner_and_parameter_are_input_errors(two_layer):
+    with pytest.raises(InputError, match="unknown planner 'magic'"):
+        make_plan(two_layer, HW, 1000, "magic")
+    with pytest.raises(InputError, match="planner 'none' has no parameter 'x'"):
+        make_plan(two_layer, HW, 1000, "none", {"x": "1"})
+
+
+@pytest.mark.parametrize("default, text, expected", [
+    (1, "7", 7), (0.5, "0.25", 0.25), (True, "false", False), (True, "yes", True), ("all", "conv", "conv"),
+])
+def test_param_parsing_from_the_command_line(default, text, expected):
+    assert Param("p", default, "help", ("all", "conv") if isinstance(default, str) else None).parse(text, "t") == expected
+
+
+@pytest.mark.parametrize("default, text", [(1, "seven"), (1, "1.5"), (True, "maybe"), ("all", "some")])
+def test_param_parsing_rejects(default, text):
+    with pytest.raises(InputError):
+        Param("p", default, "help", ("all", "conv") if isinstance(default, str) else None).parse(text, "t")
