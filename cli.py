@@ -7,6 +7,7 @@ traceback instead.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -57,6 +58,9 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
+        except BrokenPipeError:  # `swapplan ... | head`: the reader has gone, say nothing
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(0)
         except Exception as exc:  # a bug in swapplan: say so in one line
             if debug:
                 raise
@@ -220,6 +224,46 @@ def _print_result(profile_name: str, hardware_name: str, result) -> None:
     if worst:
         click.echo("  most stalled: " + ", ".join(
             f"{op} {format_us(s['data_us'] + s['memory_us'])}" for op, s in worst))
+
+
+# ----------------------------------------------------------------------------- import
+
+
+@app.group("import")
+def import_group() -> None:
+    """Turn measured traces into profiles."""
+
+
+def _profile_name(output: str) -> str:
+    name = output.rsplit("/", 1)[-1]
+    for suffix in (".json.gz", ".json", ".yaml", ".yml"):
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+@import_group.command("kineto")
+@click.argument("trace")
+@click.option("--et", "et_path", default=None, help="The PyTorch Execution Trace of the same run: real "
+                                                    "dataflow, and weights / optimizer state / inputs.")
+@click.option("--iteration", type=int, default=None,
+              help="Which ProfilerStep#N to take [default: the last complete one].")
+@click.option("--name", default=None, help="Profile name [default: the output file's name].")
+@click.option("-o", "--output", required=True, help="Profile file to write (.json, .json.gz, .yaml).")
+def import_kineto_cmd(trace, et_path, iteration, name, output) -> None:
+    """A PyTorch profiler (Kineto) trace measured on a GPU becomes a profile with measured
+    kernel times; tensors and lifetimes come from its [memory] events (record with
+    profile_memory=True), and from the Execution Trace when given."""
+    from simulator.profile import save_profile
+    from tracer.kineto import import_kineto
+
+    profile = import_kineto(trace, et_path=et_path, iteration=iteration, name=name or _profile_name(output))
+    save_profile(profile, output)
+    click.echo(f"wrote {output}: {profile.name}, {len(profile.ops)} ops, {len(profile.tensors)} tensors, "
+               f"peak {format_bytes(profile.peak_bytes)}, ideal {format_us(profile.ideal_us)} (measured)")
+    if et_path is None:
+        click.echo("note: without --et the profile has no weights, optimizer state or inputs (they were "
+                   "allocated before the trace); percentages of the peak exclude them", err=True)
 
 
 # ----------------------------------------------------------------------------- plan

@@ -226,3 +226,27 @@ def test_simulate_writes_timeline_and_plot(two_layer, profile_file, tmp_path):
     counters = {e["name"] for e in events if e["ph"] == "C"}
     assert counters == {"GPU memory (bytes)", "budget (bytes)"}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ----------------------------------------------------------------------------- import
+
+VGG13 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "triosim-vgg13-h100"
+
+
+@pytest.mark.skipif(not VGG13.is_dir(), reason="the shared VGG13 trace is not beside this checkout")
+def test_import_kineto_writes_a_measured_profile(tmp_path):
+    out = tmp_path / "vgg13.json.gz"
+    result = run("import", "kineto", str(VGG13 / "kineto_trace.json"), "--et", str(VGG13 / "execution_trace.json"),
+                 "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"wrote {out}: vgg13, 77 ops")
+    data = json.loads(run("info", str(out), "--json").output)
+    assert data["source"]["timing"] == "measured" and data["bytes_by_kind"]["weight"] > 0
+
+
+def test_import_kineto_bad_file_exit_2(tmp_path):
+    bad = tmp_path / "t.json"
+    bad.write_text("{}")
+    result = run("import", "kineto", str(bad), "-o", str(tmp_path / "o.json"))
+    assert result.exit_code == 2 and result.output.startswith(f"error: {bad}:")
+    assert not (tmp_path / "o.json").exists()
