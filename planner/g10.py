@@ -1,0 +1,589 @@
+"""``g10``: G10's smart tensor migration across GPU, host memory and SSD.
+
+Follows Zhang et al., "G10: Enabling An Efficient Unified GPU Memory and Storage
+Architecture with Smart Tensor Migrations", MICRO 2023 (its tensor vitality analysis and
+smart tensor migration scheduling), through the summary in
+/work/shared/research/heuristics.md; the paper's full text was not available here to
+check that summary against, so every rule below is the summary's:
+
+1. Input: every tensor's idle intervals between uses, at kernel granularity
+   (``planner.analysis.idle_gaps``; times from the ideal timeline).
+2. Greedy: repeatedly take the interval of largest benefit = bytes x (time, inside the
+   interval's window, during which the estimated GPU memory is over the budget). The
+   window runs from the kernel by which half the tensor could be written out to the
+   kernel from which the last half would be read back, given the bandwidth left at each
+   kernel. Ties: bytes x interval length. It stops when no interval has a benefit left.
+3. Destination, the "2.5x rule" (factor ``rule_factor``): the SSD if the interval is
+   longer than factor x (SSD latency + system latency + bytes / SSD bandwidth) and the
+   SSD has the bandwidth left for the move; else host memory if the interval is longer
+   than factor x (system latency + bytes / PCIe bandwidth) and host memory has room;
+   else the tensor stays on the GPU for that interval.
+4. Bandwidth: each kernel offers its time on each link to the moves that overlap it.
+5. Eviction right after the last use before the interval. Prefetch: the latest start
+   whose remaining per-kernel bandwidth covers the transfer, counting back from the use;
+   then (one pass after the greedy, in order of use) moved earlier while the estimated
+   memory stays below ``eager_limit`` x budget and the eviction has ended.
+
+How the paper's terms map onto this simulator:
+
+- "System latency" (G10's GPU fault / DMA set-up cost, 45 us in its artifact) is the
+  hardware's PCIe ``latency_us``, the per-transfer cost the simulator charges (R17).
+  "SSD bandwidth" in the rule is the slower of the SSD's read and write bandwidth; "PCIe
+  bandwidth" the slower PCIe direction.
+- Bandwidth is accounted as link time: kernel k offers ``time_us[k]`` on each of
+  ``d2h``, ``h2d``, ``ssd_write``, ``ssd_read`` (one ``pcie`` link for both directions on
+  a half-duplex machine), and a move needs its simulated duration (latency + bytes /
+  rate, ``simulator.program.link_speed``) on every link it holds. For a host move this is
+  "bandwidth x kernel time"; an SSD move holds its PCIe direction for its whole, slower,
+  duration (R18), so it is charged that time there, not its bytes.
+- "SSD write bandwidth is free" is read as: with the link time left, the eviction ends
+  and the prefetch starts inside the interval with the tensor away for at least one
+  kernel. Host moves pass the same test; SSD capacity is checked like host capacity (R19:
+  space held from the eviction until the tensor dies or the iteration ends, and reused
+  when the tensor goes to the same tier again).
+- Persistent tensors (weights, optimizer state, inputs) may move (R20 steady state):
+  besides their in-iteration intervals, the interval across the iteration boundary (last
+  touch to first touch of the next iteration) is a candidate, as in G10's steady-state
+  view of training. Taking it starts the tensor in the tier (``initial``), prefetches it
+  before its first touch (issued no earlier than the iteration start) and, after its last
+  touch, writes it back (an offload) or, if no op updates it, drops it (its copy there is
+  still valid, R14); so it ends where it started. An in-iteration interval always
+  prefetches the tensor back before its next touch, so a tensor that started on the GPU
+  is resident at the end. A persistent tensor no op touches is simply placed in the tier.
+
+Departures (and why):
+
+- Whole tensors, not pages: memory is freed when an eviction has ended and taken when a
+  prefetch starts (R11, R12). The benefit keeps the paper's half-written / half-read
+  window, but an interval whose move would not keep the tensor away during any
+  over-budget kernel is skipped: here it would free nothing.
+- The greedy is evaluated lazily (benefits only fall as memory and link time are used;
+  a switch from SSD to host can raise one, which is then taken at its new value).
+- Fallback (``fallback``, default on; off gives the rules above alone). The paper's
+  runtime overlaps the write-back of updated persistent tensors with the next iteration
+  and faults in what a prefetch did not bring in time; one simulated iteration can do
+  neither, and its plan would not run. So when the rules leave estimated memory over
+  budget, two more greedy rounds follow over the intervals not taken: first, write-backs
+  across the iteration boundary may run after the last kernel (they lengthen the
+  iteration: its tail); then, a prefetch that cannot be hidden may start in the kernel
+  before its use, which waits for the rest (a planned stall, like a fault). And when the
+  SSD was in play and the rules alone did not fit, the same planner is run without the
+  SSD and the plan the simulator runs faster is kept: an SSD move holds its PCIe
+  direction for its whole duration here (R18), so SSD-first can spend the link time that
+  host moves needed (it does on the shipped profiles).
+- Timing is the ideal timeline; the plan is not re-planned from simulated times.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.engine import simulate
+from simulator.plan import Plan, drop, offload, prefetch
+from simulator.program import link_speed
+
+from .analysis import idle_gaps, op_start_us, touches
+from .registry import Draft, Param, register
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A candidate move: tensor ``tensor`` is not touched after op ``after`` until op
+    ``before``. ``wraps``: the interval runs across the iteration boundary (persistent
+    tensors), from the last touch ``after`` to the first touch ``before``; ``after`` and
+    ``before`` are None for a persistent tensor no op touches."""
+    tensor: str
+    nbytes: int
+    after: int | None
+    before: int | None
+    length_us: float
+    wraps: bool
+    persistent: bool
+    updated: bool       # some op updates it in place (its lower-tier copies go stale, R16)
+    order: int
+
+
+@dataclass
+class Move:
+    """A chosen interval: where it goes and when its transfers run on the ideal timeline.
+
+    The eviction ends during kernel ``evict_end``; the prefetch starts at kernel
+    ``fetch_start`` (issued when op ``fetch_start - 1`` ends, or at the iteration start).
+    The tensor is away from the GPU during the kernels in ``away`` (two ranges for an
+    interval across the iteration boundary).
+    """
+    interval: Interval
+    tier: str
+    evict_end: int | None
+    fetch_start: int | None
+    evict_use: "Reservation | None"
+    fetch_use: "Reservation | None"
+    benefit: float
+    half_out: int | None = None      # kernel by which half the eviction is done
+    half_in: int | None = None       # kernel from which the last half of the prefetch runs
+
+    def away(self, n: int) -> list[tuple[int, int]]:
+        """Kernel ranges [lo, hi) during which the tensor is off the GPU."""
+        iv = self.interval
+        if iv.after is None:
+            return [(0, n)]
+        if iv.wraps:
+            return [(0, self.fetch_start), (self.evict_end + 1, n)]
+        return [(self.evict_end + 1, self.fetch_start)]
+
+    def evicts_by_drop(self) -> bool:
+        return self.interval.wraps and not self.interval.updated
+
+
+@dataclass
+class Reservation:
+    """Link time one transfer takes from kernels ``lo``.. on ``links``."""
+    links: tuple[str, ...]
+    lo: int
+    used: np.ndarray
+
+
+class LinkTime:
+    """Link time left at each kernel, per link (rule R17/R18 resources)."""
+
+    def __init__(self, times: np.ndarray, hardware):
+        half = hardware.pcie.duplex == "half"
+        names = ("pcie",) if half else ("d2h", "h2d")
+        names += ("ssd_write", "ssd_read")
+        # one entry per kernel, then the tail after the last kernel (closed until opened)
+        self.left = {name: np.append(times.astype(float), 0.0) for name in names}
+        self.half = half
+
+    def open_tail(self) -> None:
+        """Let transfers run on after the last kernel (they then lengthen the iteration)."""
+        for left in self.left.values():
+            left[-1] = np.inf
+
+    def links(self, direction: str, tier: str) -> tuple[str, ...]:
+        """The links a transfer holds: its PCIe direction, and the SSD queue for the SSD."""
+        pcie = "pcie" if self.half else ("d2h" if direction == "offload" else "h2d")
+        if tier == "ssd":
+            return (pcie, "ssd_write" if direction == "offload" else "ssd_read")
+        return (pcie,)
+
+    def _available(self, links, lo: int, hi: int) -> np.ndarray:
+        avail = self.left[links[0]][lo:hi]
+        for name in links[1:]:
+            avail = np.minimum(avail, self.left[name][lo:hi])
+        return np.maximum(avail, 0.0)
+
+    def forward(self, links, lo: int, hi: int, duration: float):
+        """Run a transfer from the start of kernel ``lo``, in kernels before ``hi``.
+
+        Returns (kernel it ends in, kernel by which half is done, Reservation), or None
+        when the link time left in [lo, hi) does not cover ``duration``.
+        """
+        if hi <= lo:
+            return None
+        avail = self._available(links, lo, hi)
+        done = np.cumsum(avail)
+        if done[-1] < duration * (1 - 1e-12):
+            return None
+        end = int(np.searchsorted(done, duration * (1 - 1e-12)))
+        half = int(np.searchsorted(done, duration / 2))
+        used = avail[:end + 1].copy()
+        used[end] = duration - (done[end - 1] if end > 0 else 0.0)
+        return lo + end, lo + half, Reservation(links, lo, used)
+
+    def backward(self, links, lo: int, hi: int, duration: float):
+        """Place a transfer as late as possible so that it ends by the end of kernel
+        ``hi - 1``, using kernels from ``lo`` on.
+
+        Returns (kernel it starts in, kernel from which the last half runs,
+        Reservation), or None when [lo, hi) does not have the link time.
+        """
+        if hi <= lo:
+            return None
+        avail = self._available(links, lo, hi)[::-1]
+        done = np.cumsum(avail)
+        if done[-1] < duration * (1 - 1e-12):
+            return None
+        back = int(np.searchsorted(done, duration * (1 - 1e-12)))
+        half = int(np.searchsorted(done, duration / 2))
+        used = avail[:back + 1].copy()
+        used[back] = duration - (done[back - 1] if back > 0 else 0.0)
+        start = hi - 1 - back
+        return start, hi - 1 - half, Reservation(links, start, used[::-1].copy())
+
+    def at_the_use(self, links, lo: int, hi: int, duration: float):
+        """A prefetch that cannot be hidden: it starts at kernel ``hi - 1`` (if that is not
+        before ``lo``), takes the link time left there, and its use waits for the rest."""
+        start = hi - 1
+        if start < lo:
+            return None
+        used = np.minimum(self._available(links, start, hi), duration)
+        return start, start, Reservation(links, start, used)
+
+    def all_left(self, links, lo: int, hi: int) -> Reservation:
+        """Every bit of link time left in [lo, hi) (for a transfer longer than that)."""
+        return Reservation(links, lo, self._available(links, lo, hi).copy())
+
+    def take(self, reservation: Reservation | None) -> None:
+        if reservation is not None:
+            for name in reservation.links:
+                seg = self.left[name][reservation.lo:reservation.lo + len(reservation.used)]
+                seg -= reservation.used
+
+    def give_back(self, reservation: Reservation | None) -> None:
+        if reservation is not None:
+            for name in reservation.links:
+                seg = self.left[name][reservation.lo:reservation.lo + len(reservation.used)]
+                seg += reservation.used
+
+
+class TierSpace:
+    """Host and SSD bytes in use at each kernel (R19), with per-tensor space reuse."""
+
+    def __init__(self, n: int, hardware):
+        self.capacity = {"host": hardware.host.memory_bytes,
+                         "ssd": hardware.ssd.capacity_bytes if hardware.ssd else 0}
+        self.used = {tier: np.zeros(n, dtype=np.int64) for tier in self.capacity}
+        self.held_from: dict[tuple[str, str], int] = {}
+
+    def extra(self, tid: str, tier: str, lo: int, hi: int) -> tuple[int, int]:
+        """The kernel range [lo', hi) this tensor would newly hold in the tier."""
+        held = self.held_from.get((tid, tier))
+        return (lo, hi) if held is None else (lo, min(hi, held))
+
+    def has_room(self, tid: str, tier: str, nbytes: int, lo: int, hi: int) -> bool:
+        lo, hi = self.extra(tid, tier, lo, hi)
+        if hi <= lo:
+            return True
+        return int(self.used[tier][lo:hi].max()) + nbytes <= self.capacity[tier]
+
+    def hold(self, tid: str, tier: str, nbytes: int, lo: int, hi: int) -> None:
+        new_lo, new_hi = self.extra(tid, tier, lo, hi)
+        if new_hi > new_lo:
+            self.used[tier][new_lo:new_hi] += nbytes
+        held = self.held_from.get((tid, tier))
+        self.held_from[(tid, tier)] = lo if held is None else min(lo, held)
+
+
+# ----------------------------------------------------------------------------- candidates
+
+
+def candidate_intervals(profile, starts: list[float]) -> list[Interval]:
+    """Every tensor's idle intervals, and each persistent tensor's interval across the
+    iteration boundary (or the whole iteration when no op touches it)."""
+    found: list[Interval] = []
+    n = len(profile.ops)
+    ideal = starts[-1]
+    for tensor in profile.tensors:
+        if tensor.bytes <= 0:
+            continue
+        updated = bool(profile.updaters[tensor.id])
+        for gap in idle_gaps(profile, tensor.id, starts):
+            found.append(Interval(tensor.id, tensor.bytes, gap.after, gap.before, gap.length_us,
+                                  False, tensor.persistent, updated, len(found)))
+        if not tensor.persistent:
+            continue
+        points = touches(profile, tensor.id)
+        if not points:
+            found.append(Interval(tensor.id, tensor.bytes, None, None, ideal, True, True, False, len(found)))
+            continue
+        first, last = points[0], points[-1]
+        if n - 1 - last + first >= 1:
+            length = ideal - starts[last + 1] + starts[first]
+            found.append(Interval(tensor.id, tensor.bytes, last, first, length, True, True, updated,
+                                  len(found)))
+    return found
+
+
+def rule_tiers(interval: Interval, hardware, factor: float, use_ssd: bool) -> list[str]:
+    """The tiers the 2.5x rule allows for this interval, SSD first."""
+    pcie = hardware.pcie
+    tiers = []
+    ssd = hardware.ssd
+    if use_ssd and ssd is not None:
+        ssd_rate = min(ssd.read_gbps, ssd.write_gbps) * 1e3  # bytes per us
+        if interval.length_us > factor * (ssd.latency_us + pcie.latency_us + interval.nbytes / ssd_rate):
+            tiers.append("ssd")
+    pcie_rate = min(pcie.h2d_gbps, pcie.d2h_gbps) * 1e3
+    if interval.length_us > factor * (pcie.latency_us + interval.nbytes / pcie_rate):
+        tiers.append("host")
+    return tiers
+
+
+def transfer_us(hardware, direction: str, tier: str, nbytes: int) -> float:
+    latency, rate = link_speed(hardware, direction, tier)
+    return latency + nbytes / rate
+
+
+# ----------------------------------------------------------------------------- the planner state
+
+
+class G10State:
+    """The greedy's state: estimated memory per kernel, link time and tier space left."""
+
+    def __init__(self, profile, hardware, budget_bytes: int, rule_factor: float, use_ssd: bool):
+        self.profile = profile
+        self.hardware = hardware
+        self.budget = budget_bytes
+        self.rule_factor = rule_factor
+        self.use_ssd = use_ssd
+        self.n = len(profile.ops)
+        self.starts = op_start_us(profile)
+        self.times = np.array([op.time_us for op in profile.ops], dtype=float)
+        self.memory = np.array(profile.resident_bytes, dtype=np.int64)
+        self.links = LinkTime(self.times, hardware)
+        self.space = TierSpace(self.n, hardware)
+        self.demand_fetch = False  # fallback: prefetches that cannot be hidden start at the use
+        self.over_after_rules = False
+
+    def over_budget(self) -> bool:
+        return bool(np.any(self.memory > self.budget))
+
+    def allow_demand_fetch(self) -> None:
+        self.demand_fetch = True
+
+    # -- tier space held by a move (R19)
+
+    def held_range(self, interval: Interval, evict_start: int) -> tuple[int, int]:
+        if interval.wraps:
+            return 0, self.n
+        if interval.persistent:
+            return evict_start, self.n
+        return evict_start, self.profile.last_use[interval.tensor] + 1
+
+    # -- scheduling one interval on one tier
+
+    def schedule(self, interval: Interval, tier: str, at_use: bool = False) -> Move | None:
+        """Place the eviction and the latest prefetch with the link time left, or None.
+        ``at_use`` (fallback): start the prefetch in the kernel before the use instead, so
+        that the use waits for what the link time there does not cover."""
+        n = self.n
+        nbytes = interval.nbytes
+        if interval.after is None:
+            return Move(interval, tier, None, None, None, None, 0.0)
+        out_links = self.links.links("offload", tier)
+        in_links = self.links.links("prefetch", tier)
+        out_us = transfer_us(self.hardware, "offload", tier, nbytes)
+        in_us = transfer_us(self.hardware, "prefetch", tier, nbytes)
+        if interval.wraps:
+            if interval.updated:  # write the updated tensor back, inside the iteration or in its tail
+                evicted = self.links.forward(out_links, interval.after + 1, n + 1, out_us)
+                if evicted is None:
+                    return None
+            else:  # its copy in the tier is still valid: drop it after its last touch (R14)
+                evicted = (interval.after, interval.after + 1, None)
+            fetch_from = 0
+        else:
+            evicted = self.links.forward(out_links, interval.after + 1, interval.before, out_us)
+            if evicted is None:
+                return None
+            fetch_from = evicted[0] + 2  # away for at least the kernel after the eviction ends
+        if at_use:
+            fetched = self.links.at_the_use(in_links, fetch_from, interval.before, in_us)
+        else:
+            fetched = self._with(evicted[2], lambda: self.links.backward(
+                in_links, fetch_from, interval.before, in_us))
+        if fetched is None:
+            return None
+        return Move(interval, tier, evicted[0], fetched[0], evicted[2], fetched[2], 0.0,
+                    half_out=evicted[1], half_in=fetched[1])
+
+    def _with(self, reservation: Reservation | None, compute):
+        """Evaluate ``compute`` with ``reservation`` taken (matters when the eviction and
+        the prefetch share a link: half duplex)."""
+        if not self.links.half or reservation is None:
+            return compute()
+        self.links.take(reservation)
+        try:
+            return compute()
+        finally:
+            self.links.give_back(reservation)
+
+    def over_budget_us(self, lo: int, hi: int) -> float:
+        if hi <= lo:
+            return 0.0
+        over = self.memory[lo:hi] > self.budget
+        return float(self.times[lo:hi][over].sum())
+
+    def evaluate(self, interval: Interval) -> Move | None:
+        """The move the rules choose for this interval now, with its benefit; None if
+        no tier is allowed or the move would free nothing while memory is over budget."""
+        evict_start = 0 if interval.after is None else interval.after + 1
+        held_lo, held_hi = self.held_range(interval, evict_start)
+        placements = (False, True) if self.demand_fetch else (False,)
+        for tier in rule_tiers(interval, self.hardware, self.rule_factor, self.use_ssd):
+            if not self.space.has_room(interval.tensor, tier, interval.nbytes, held_lo, held_hi):
+                continue
+            for at_use in placements:
+                move = self.schedule(interval, tier, at_use)
+                if move is None:
+                    continue
+                away = move.away(self.n)
+                if sum(self.over_budget_us(lo, hi) for lo, hi in away) <= 0.0:
+                    continue
+                move.benefit = interval.nbytes * self.benefit_window_us(move)
+                return move
+        return None
+
+    def benefit_window_us(self, move: Move) -> float:
+        """Over-budget time between the half-written and the half-read kernels."""
+        iv = move.interval
+        if iv.after is None:
+            return self.over_budget_us(0, self.n)
+        if iv.wraps:
+            return self.over_budget_us(move.half_out, self.n) + self.over_budget_us(0, move.half_in + 1)
+        return self.over_budget_us(move.half_out, move.half_in + 1)
+
+    def commit(self, move: Move) -> None:
+        iv = move.interval
+        self.links.take(move.evict_use)
+        self.links.take(move.fetch_use)
+        evict_start = 0 if iv.after is None else iv.after + 1
+        self.space.hold(iv.tensor, move.tier, iv.nbytes, *self.held_range(iv, evict_start))
+        for lo, hi in move.away(self.n):
+            self.memory[lo:hi] -= iv.nbytes
+
+    # -- eager prefetch
+
+    def prefetch_earlier(self, move: Move, limit_bytes: float) -> None:
+        """Start the prefetch earlier while the tensor fits under ``limit_bytes`` and its
+        eviction has ended; its transfer then runs forward from the new start."""
+        iv = move.interval
+        if iv.after is None:
+            return
+        earliest = 0 if iv.wraps else move.evict_end + 1
+        start = move.fetch_start
+        while start > earliest and self.memory[start - 1] + iv.nbytes <= limit_bytes:
+            start -= 1
+        if start == move.fetch_start:
+            return
+        links = move.fetch_use.links
+        self.links.give_back(move.fetch_use)
+        ran = self.links.forward(links, start, iv.before,
+                                 transfer_us(self.hardware, "prefetch", move.tier, iv.nbytes))
+        self.memory[start:move.fetch_start] += iv.nbytes
+        move.fetch_start = start
+        move.fetch_use = ran[2] if ran is not None else self.links.all_left(links, start, iv.before)
+        self.links.take(move.fetch_use)
+
+
+# ----------------------------------------------------------------------------- greedy
+
+
+def choose_moves(state: G10State, intervals: list[Interval]) -> list[Move]:
+    """The benefit-ordered greedy, evaluated lazily: benefits only fall as moves are
+    taken, so a re-evaluated head that still beats the next entry is the best."""
+    heap = []
+    for interval in intervals:
+        move = state.evaluate(interval)
+        if move is not None and move.benefit > 0:
+            heap.append(_key(move) + (interval,))
+    heapq.heapify(heap)
+    chosen: list[Move] = []
+    while heap:
+        *_, interval = heapq.heappop(heap)
+        move = state.evaluate(interval)
+        if move is None or move.benefit <= 0:
+            continue
+        key = _key(move)
+        if heap and key > heap[0][:3]:
+            heapq.heappush(heap, key + (interval,))
+            continue
+        state.commit(move)
+        chosen.append(move)
+    return chosen
+
+
+def _key(move: Move) -> tuple:
+    iv = move.interval
+    return (-move.benefit, -iv.nbytes * iv.length_us, iv.order)
+
+
+def to_actions(profile, moves: list[Move]) -> tuple[list, dict[str, str]]:
+    """Plan actions in issue order (by the op they follow; offloads first, then
+    prefetches by the op that needs them) and the initial placements."""
+    ops = profile.ops
+    keyed = []
+    initial: dict[str, str] = {}
+    for move in moves:
+        iv = move.interval
+        if iv.wraps:
+            initial[iv.tensor] = move.tier
+        if iv.after is None:
+            continue
+        fetch_after = move.fetch_start - 1
+        evict = drop(iv.tensor, ops[iv.after].id) if move.evicts_by_drop() else \
+            offload(iv.tensor, ops[iv.after].id, move.tier)
+        keyed.append(((iv.after, 0, iv.before, iv.order), evict))
+        keyed.append(((fetch_after, 1, iv.before, iv.order),
+                      prefetch(iv.tensor, ops[fetch_after].id if fetch_after >= 0 else None,
+                               ops[iv.before].id, move.tier)))
+    keyed.sort(key=lambda item: item[0])
+    return [action for _, action in keyed], initial
+
+
+def g10_moves(profile, hardware, budget_bytes: int, rule_factor: float, eager_limit: float,
+              use_ssd: bool, fallback: bool) -> tuple[list[Move], G10State]:
+    """G10's greedy (and, with ``fallback``, its two fallback rounds), then eager prefetch."""
+    state = G10State(profile, hardware, budget_bytes, rule_factor, use_ssd)
+    intervals = candidate_intervals(profile, state.starts)
+    moves = choose_moves(state, intervals)
+    state.over_after_rules = state.over_budget()
+    if fallback:
+        for widen in (state.links.open_tail, state.allow_demand_fetch):
+            if not state.over_budget():
+                break
+            widen()
+            taken = {move.interval.order for move in moves}
+            moves += choose_moves(state, [iv for iv in intervals if iv.order not in taken])
+    for move in sorted(moves, key=lambda m: (-1 if m.interval.before is None else m.interval.before,
+                                             m.interval.wraps, m.interval.order)):
+        state.prefetch_earlier(move, eager_limit * budget_bytes)
+    return moves, state
+
+
+def g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback) -> Draft:
+    moves, state = g10_moves(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback)
+    actions, initial = to_actions(profile, moves)
+    over = state.memory > budget_bytes
+    tiers = {tier: sum(1 for m in moves if m.tier == tier) for tier in ("ssd", "host")}
+    return Draft(actions=actions, initial=initial,
+                 notes={"moves": len(moves), "moves_by_tier": tiers,
+                        "rules_alone_fit": not state.over_after_rules,
+                        "estimated_over_budget_us": float(state.times[over].sum())})
+
+
+def better_by_simulation(profile, hardware, budget_bytes, drafts: list[Draft]) -> Draft:
+    """The draft whose plan the simulator runs in the budget fastest (the first on ties)."""
+    def score(draft: Draft):
+        plan = Plan(profile.name, tuple(draft.actions), initial=dict(draft.initial))
+        result = simulate(profile, plan, hardware, budget_bytes)
+        return (not result.ok, result.iteration_us if result.ok else 0.0)
+    return min(drafts, key=score)
+
+
+@register(
+    "g10",
+    "G10 (MICRO'23): benefit-ordered greedy over idle intervals, to SSD or host by the 2.5x rule, "
+    "with bandwidth-aware latest prefetch made eager under 99% memory.",
+    params=(
+        Param("ssd", True, "use the SSD tier (when the hardware has one)"),
+        Param("rule_factor", 2.5, "an interval must be this many times a move's latency + transfer time"),
+        Param("eager_limit", 0.99, "move prefetches earlier while estimated memory stays below this x budget"),
+        Param("fallback", True, "if G10's rules leave memory over budget: tail write-backs, unhidden "
+                                "prefetches, and a host-only plan if that runs faster"),
+    ),
+    moves_persistent=True,
+    paper="Zhang et al., G10: Enabling An Efficient Unified GPU Memory and Storage Architecture "
+          "with Smart Tensor Migrations, MICRO 2023",
+)
+def plan_g10(profile, hardware, budget_bytes, *, seed, ssd=True, rule_factor=2.5, eager_limit=0.99,
+             fallback=True):
+    use_ssd = ssd and hardware.ssd is not None
+    draft = g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback)
+    if fallback and use_ssd and not draft.notes["rules_alone_fit"]:
+        host_only = g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, False, True)
+        host_only.notes["host_only_retry"] = True
+        draft = better_by_simulation(profile, hardware, budget_bytes, [draft, host_only])
+    return draft

@@ -1,0 +1,143 @@
+"""The flashneuron planner (FlashNeuron phase 1, FAST'21): which tensors it offloads, when
+it stops, where they go and when they come back; and every shipped profile at
+90/70/50/30% of its peak.
+
+Machine (tests/engine_helpers.py): PCIe 1 B/us each way, SSD 0.5 B/us, no latency: a
+100 B tensor takes 200 us to or from the SSD.
+"""
+from __future__ import annotations
+
+import pytest
+
+from planner.analysis import budget_floor
+from planner.api import make_plan
+from simulator.catalog import open_profile
+from simulator.hardware import hardware_from_dict, load_hardware
+from simulator.plan import offload, prefetch
+from tests.conftest import make_profile
+from tests.engine_helpers import machine
+
+# A training step; every op takes 100 us.
+#   forward:  f1: x, w -> a1 (100)   f2: a1 -> a2 (100)   f3: a2 -> s (40)
+#             f4: s -> a4 (100)      loss: a4 -> l (1)
+#   backward: b4: l, a4 -> d4        bx1: d4 -> e1        bx2: e1 -> e2
+#             b3: e2, a2 -> d3       b2: d3, a1 -> d2     b1: d2, x, w -> g
+#   optimizer: u: g updates w
+# Forward tensors used after the loss: a1 (last touched by f2, next by b2), a2 (f3, b3),
+# a4 (loss, b4: no op in between, so nothing could run while it is away) and l (made by
+# the loss, read by b4: the same). s dies in forward; d*, e*, g are made in backward.
+# Offloadable: a1 then a2 (kernel order), 200 B in all.
+# Persistent: w 10 + x 1 = 11 B. Largest non-persistent working set: f2, a1 + a2 = 200 B.
+# Room for activations = budget - 11 - 200.
+STEP = {"w": (10, "weight"), "x": (1, "input"), "a1": (100, "activation"), "a2": (100, "activation"),
+        "s": (40, "activation"), "a4": (100, "activation"), "l": (1, "activation"),
+        "d4": (10, "gradient"), "e1": (10, "gradient"), "e2": (10, "gradient"), "d3": (10, "gradient"),
+        "d2": (10, "gradient"), "g": (10, "gradient")}
+STEP_OPS = [
+    ("f1", "forward", 100.0, ["x", "w"], ["a1"]),
+    ("f2", "forward", 100.0, ["a1"], ["a2"]),
+    ("f3", "forward", 100.0, ["a2"], ["s"]),
+    ("f4", "forward", 100.0, ["s"], ["a4"]),
+    ("loss", "forward", 100.0, ["a4"], ["l"]),
+    ("b4", "backward", 100.0, ["l", "a4"], ["d4"]),
+    ("bx1", "backward", 100.0, ["d4"], ["e1"]),
+    ("bx2", "backward", 100.0, ["e1"], ["e2"]),
+    ("b3", "backward", 100.0, ["e2", "a2"], ["d3"]),
+    ("b2", "backward", 100.0, ["d3", "a1"], ["d2"]),
+    ("b1", "backward", 100.0, ["d2", "x", "w"], ["g"]),
+    ("u", "optimizer", 100.0, ["g"], [], ["w"]),
+]
+
+
+def step():
+    return make_profile(STEP, STEP_OPS, "step")
+
+
+def offloaded(planned):
+    return [a.tensor for a in planned.plan.actions if a.kind == "offload"]
+
+
+def test_only_forward_activations_used_after_the_loss_are_offloaded():
+    # At the floor (11 + 200 = 211) the room is 0: every offloadable tensor goes, and
+    # nothing else (not s, a4, l, the gradients or the weights).
+    profile = step()
+    assert budget_floor(profile, moves_persistent=False)[0] == 211
+    planned = make_plan(profile, machine(), 211, "flashneuron")
+    assert offloaded(planned) == ["a1", "a2"]
+    assert planned.result.valid
+
+
+@pytest.mark.parametrize("budget, expected", [(411, []), (311, ["a1"]), (310, ["a1", "a2"])])
+def test_offloading_stops_once_the_rest_fits(budget, expected):
+    # room = budget - 211. 411: room 200 holds a1 + a2, nothing moves. 311: room 100; a1
+    # (first in kernel order) goes and the rest, a2 (100), fits. 310: room 99, both go.
+    planned = make_plan(step(), machine(), budget, "flashneuron")
+    assert offloaded(planned) == expected
+    assert planned.result.valid
+
+
+def test_offloads_go_to_the_ssd_after_the_last_touch_before_the_loss():
+    planned = make_plan(step(), machine(), 211, "flashneuron")
+    offloads = [a for a in planned.plan.actions if a.kind == "offload"]
+    assert offloads == [offload("a1", "f2", "ssd"), offload("a2", "f3", "ssd")]
+    assert all(a.source == "ssd" for a in planned.plan.actions if a.kind == "prefetch")
+    assert planned.result.bytes_ssd_write == 200 and planned.result.bytes_ssd_read == 200
+
+
+def test_prefetches_are_serialised_and_as_late_as_the_ssd_allows():
+    # Budget 310: room 99, both go. Each prefetch takes 200 us. Counting back from the last
+    # use: a1 must end by b2 (starts 900), so it starts at 700: issued after bx1 (ends
+    # 700). a2 must end by b3 (800) and before a1 starts (700): it starts at 500, issued
+    # after the loss (ends 500). Memory allows both (at most 11 + 120 + 100 = 231 B).
+    # Neither use waits: a2 arrives at 700, a1 at 900.
+    planned = make_plan(step(), machine(), 310, "flashneuron")
+    prefetches = [a for a in planned.plan.actions if a.kind == "prefetch"]
+    assert prefetches == [prefetch("a2", "loss", "b3", "ssd"), prefetch("a1", "bx1", "b2", "ssd")]
+    assert planned.result.ok and planned.result.stall_data_us == 0.0
+
+
+def test_a_prefetch_waits_until_memory_allows():
+    # Budget 211. a2 back during b4 would need 11 + (l + a4 + d4) 111 + 100 = 222 B, so it
+    # is issued after b4 (600-800, in time for b3). a1 back during b3 would need 11 + (e2 +
+    # a2 + d3) 120 + 100 = 231 B, so it is issued after b3: 900-1100, and b2 waits 200 us.
+    planned = make_plan(step(), machine(), 211, "flashneuron")
+    prefetches = [a for a in planned.plan.actions if a.kind == "prefetch"]
+    assert prefetches == [prefetch("a2", "b4", "b3", "ssd"), prefetch("a1", "b3", "b2", "ssd")]
+    result = planned.result
+    assert result.ok and result.peak_bytes <= 211
+    assert result.stall_data_us == 200.0
+
+
+def test_without_an_ssd_activations_go_to_host_memory():
+    no_ssd = hardware_from_dict({
+        "name": "no-ssd", "gpu": {"memory": "1GiB", "fp32_tflops": 1, "fp16_tflops": 1, "hbm_gbps": 1},
+        "pcie": {"h2d_gbps": 0.001, "d2h_gbps": 0.001}, "host": {"memory": "1GiB"}})
+    planned = make_plan(step(), no_ssd, 211, "flashneuron")
+    assert offloaded(planned) == ["a1", "a2"]
+    assert {a.to or a.source for a in planned.plan.actions} == {"host"}
+    assert planned.result.ok
+
+
+# ----------------------------------------------------------------------------- shipped profiles
+
+PROFILES = ["synth-transformer-l12-b16-s1024", "synth-cnn-l16-w128-b64-s224", "synth-mlp-l16-w8192-b1024"]
+A100 = load_hardware("a100-40gb-pcie4")
+
+
+@pytest.mark.parametrize("profile_name", PROFILES)
+def test_shipped_profiles_get_valid_plans_within_budget_or_marked_infeasible(profile_name):
+    profile = open_profile(profile_name)
+    floor, _ = budget_floor(profile, moves_persistent=False)
+    for fraction in (0.9, 0.7, 0.5, 0.3):
+        budget = min(int(profile.peak_bytes * fraction), A100.gpu.memory_bytes)
+        if budget < floor:
+            continue
+        planned = make_plan(profile, A100, budget, "flashneuron")
+        result = planned.result
+        assert result.valid, f"{fraction}: {result.rule} {result.reason}"
+        assert {a.to or a.source for a in planned.plan.actions} <= {"ssd"}
+        if result.feasible:
+            assert result.peak_bytes <= budget
+            assert planned.plan.planner.status == "ok"
+        else:
+            assert planned.plan.planner.status == "infeasible"
