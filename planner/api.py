@@ -55,11 +55,20 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
                 actions=tuple(draft.actions), hardware=hardware.name, budget_bytes=budget_bytes,
                 schedule=None if draft.schedule is None else tuple(draft.schedule),
                 initial=dict(draft.initial))
-    result = simulate(profile, plan, hardware, budget_bytes)
+    result = simulate(profile, plan, hardware, budget_bytes)  # the plan as exported
     status = draft.status if result.ok else ("invalid" if not result.valid else "infeasible")
     plan.planner = PlannerInfo(name=planner, params=resolved, status=status, gap=draft.gap, seed=seed)
     plan.predicted = prediction(result)
     return Planned(plan, result, seconds)
+
+
+def score(profile: Profile, hardware: Hardware, budget_bytes: int, actions, initial: dict | None = None,
+          schedule=None) -> Result:
+    """Simulate a candidate set of actions: how planners with a feedback loop or a tuner
+    judge their own candidates."""
+    plan = Plan(profile_name=profile.name, profile_sha256=profile_sha256(profile), actions=tuple(actions),
+                initial=dict(initial or {}), schedule=None if schedule is None else tuple(schedule))
+    return simulate(profile, plan, hardware, budget_bytes)
 
 
 def prediction(result: Result) -> dict:

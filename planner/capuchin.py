@@ -103,12 +103,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.engine import simulate
-from simulator.plan import Action, Plan, drop, offload, prefetch, recompute
-from simulator.profile import Profile, profile_sha256
+from simulator.plan import Action, drop, offload, prefetch, recompute
+from simulator.profile import Profile
 from simulator.program import link_speed
 
 from .analysis import op_start_us, touches
+from .api import score
 from .registry import Draft, Param, register
 
 SWAP, RECOMPUTE = "swap", "recompute"
@@ -754,8 +754,8 @@ def _actions(state: _State) -> list[Action]:
 
 def _simulate(state: _State):
     profile = state.profile
-    plan = Plan(profile.name, tuple(_actions(state)), profile_sha256=profile_sha256(profile))
-    return plan.actions, simulate(profile, plan, state.hardware, state.budget)
+    actions = tuple(_actions(state))
+    return actions, score(profile, state.hardware, state.budget, actions)
 
 
 def _move_triggers(state: _State, result, step: float) -> int:

@@ -80,11 +80,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.engine import simulate
-from simulator.plan import Plan, drop, offload, prefetch
+from simulator.plan import drop, offload, prefetch
 from simulator.program import link_speed
 
 from .analysis import idle_gaps, op_start_us, touches
+from .api import score
 from .registry import Draft, Param, register
 
 
@@ -556,11 +556,10 @@ def g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd
 
 def better_by_simulation(profile, hardware, budget_bytes, drafts: list[Draft]) -> Draft:
     """The draft whose plan the simulator runs in the budget fastest (the first on ties)."""
-    def score(draft: Draft):
-        plan = Plan(profile.name, tuple(draft.actions), initial=dict(draft.initial))
-        result = simulate(profile, plan, hardware, budget_bytes)
+    def rank(draft: Draft):
+        result = score(profile, hardware, budget_bytes, draft.actions, draft.initial)
         return (not result.ok, result.iteration_us if result.ok else 0.0)
-    return min(drafts, key=score)
+    return min(drafts, key=rank)
 
 
 @register(

@@ -80,10 +80,10 @@ from dataclasses import dataclass, replace
 
 import networkx as nx
 
-from simulator.engine import simulate
-from simulator.plan import Action, Plan, drop, offload, prefetch
+from simulator.plan import Action, drop, offload, prefetch
 from simulator.profile import Profile, dataflow_graph
 
+from .api import score
 from .registry import Draft, Param, register
 
 SEARCH_LEVELS = 10   # TFLMS searches at most this many levels back for a control op
@@ -226,8 +226,8 @@ class Tuner:
 
     def fits(self, knobs: Knobs) -> bool:
         if knobs not in self.memo:
-            plan = Plan(self.profile.name, tuple(lms_actions(self.profile, self.levels, knobs)))
-            self.memo[knobs] = simulate(self.profile, plan, self.hardware, self.budget).ok
+            actions = lms_actions(self.profile, self.levels, knobs)
+            self.memo[knobs] = score(self.profile, self.hardware, self.budget, actions).ok
         return self.memo[knobs]
 
     def largest_fitting(self, knobs: Knobs, name: str, low: int, high: int, early_stop: bool = False) -> int:

@@ -86,10 +86,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simulator.engine import simulate
-from simulator.plan import Action, Plan, offload, prefetch
+from simulator.plan import Action, offload, prefetch
 from simulator.profile import Profile
 
+from .api import score
 from .registry import Draft, Param, register
 
 MODES = ("all", "conv", "dyn")
@@ -334,8 +334,7 @@ def vdnn_actions(profile: Profile, mode: str) -> tuple[list[Action], dict]:
 
 def fits(profile: Profile, hardware, budget_bytes: int, actions: list[Action]) -> bool:
     """Does the simulator run these actions valid and within the budget?"""
-    plan = Plan(profile.name, tuple(actions))
-    return simulate(profile, plan, hardware, budget_bytes).ok
+    return score(profile, hardware, budget_bytes, actions).ok
 
 
 def dynamic_actions(profile: Profile, hardware, budget_bytes: int) -> tuple[list[Action], dict]:

@@ -11,8 +11,7 @@ import pytest
 
 from planner.analysis import budget_floor
 from planner.api import make_plan
-from simulator.catalog import open_profile
-from simulator.hardware import hardware_from_dict, load_hardware
+from simulator.hardware import hardware_from_dict
 from simulator.plan import offload, prefetch
 from tests.conftest import make_profile
 from tests.engine_helpers import machine
@@ -116,28 +115,3 @@ def test_without_an_ssd_activations_go_to_host_memory():
     assert offloaded(planned) == ["a1", "a2"]
     assert {a.to or a.source for a in planned.plan.actions} == {"host"}
     assert planned.result.ok
-
-
-# ----------------------------------------------------------------------------- shipped profiles
-
-PROFILES = ["synth-transformer-l12-b16-s1024", "synth-cnn-l16-w128-b64-s224", "synth-mlp-l16-w8192-b1024"]
-A100 = load_hardware("a100-40gb-pcie4")
-
-
-@pytest.mark.parametrize("profile_name", PROFILES)
-def test_shipped_profiles_get_valid_plans_within_budget_or_marked_infeasible(profile_name):
-    profile = open_profile(profile_name)
-    floor, _ = budget_floor(profile, moves_persistent=False)
-    for fraction in (0.9, 0.7, 0.5, 0.3):
-        budget = min(int(profile.peak_bytes * fraction), A100.gpu.memory_bytes)
-        if budget < floor:
-            continue
-        planned = make_plan(profile, A100, budget, "flashneuron")
-        result = planned.result
-        assert result.valid, f"{fraction}: {result.rule} {result.reason}"
-        assert {a.to or a.source for a in planned.plan.actions} <= {"ssd"}
-        if result.feasible:
-            assert result.peak_bytes <= budget
-            assert planned.plan.planner.status == "ok"
-        else:
-            assert planned.plan.planner.status == "infeasible"

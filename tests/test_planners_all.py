@@ -23,9 +23,17 @@ def profiles():
     return {name: open_profile(name) for name in PROFILES}
 
 
-@pytest.mark.parametrize("planner", [spec.name for spec in planners()])
+# Every planner at its defaults, and the parameter settings that change what it does.
+VARIANTS = [(spec.name, {}) for spec in planners()] + [
+    ("vdnn", {"mode": "conv"}), ("vdnn", {"mode": "dyn"}), ("lms", {"autotune": "false"}),
+    ("g10", {"ssd": "false"}), ("g10", {"fallback": "false"}),
+    ("capuchin", {"recompute": "false"}), ("capuchin", {"swap": "false"}),
+]
+
+
+@pytest.mark.parametrize("planner, params", VARIANTS, ids=[f"{n}{p or ''}" for n, p in VARIANTS])
 @pytest.mark.parametrize("profile_name", PROFILES)
-def test_plans_are_valid_and_within_budget_or_marked_infeasible(profiles, planner, profile_name):
+def test_plans_are_valid_and_within_budget_or_marked_infeasible(profiles, planner, params, profile_name):
     profile = profiles[profile_name]
     spec = get_planner(planner)
     floor, _ = budget_floor(profile, spec.moves_persistent)
@@ -33,7 +41,7 @@ def test_plans_are_valid_and_within_budget_or_marked_infeasible(profiles, planne
         budget = min(int(profile.peak_bytes * fraction), HW.gpu.memory_bytes)
         if budget < floor:
             continue
-        planned = make_plan(profile, HW, budget, planner)
+        planned = make_plan(profile, HW, budget, planner, params)
         result = planned.result
         assert result.valid, f"{planner} {profile_name} {fraction}: {result.rule} {result.reason}"
         if result.feasible:
