@@ -27,6 +27,8 @@ demo: $(STAMP_CORE)
 	$(BIN)/swapplan simulate synth-transformer-l12-b16-s1024
 	@echo "# Without a plan, 60% of the peak does not fit (exit 1 is the expected answer here):"
 	@$(BIN)/swapplan simulate synth-transformer-l12-b16-s1024 --budget 60%; [ $$? -eq 1 ]
+	@echo "# With Capuchin's plan it does:"
+	$(BIN)/swapplan plan synth-transformer-l12-b16-s1024 --planner capuchin --budget 60% -o demo-plan.json
 
 # pytest exits 5 when it collected no tests: that is a failure, never a pass.
 test: $(STAMP_DEV)

@@ -250,3 +250,58 @@ def test_import_kineto_bad_file_exit_2(tmp_path):
     result = run("import", "kineto", str(bad), "-o", str(tmp_path / "o.json"))
     assert result.exit_code == 2 and result.output.startswith(f"error: {bad}:")
     assert not (tmp_path / "o.json").exists()
+
+
+# ----------------------------------------------------------------------------- plan, planners
+
+
+def test_planners_lists_every_planner_with_parameters():
+    data = json.loads(run("planners", "--json").output)
+    names = {p["name"] for p in data}
+    assert {"none", "vdnn", "lms", "capuchin", "flashneuron", "g10"} <= names
+    vdnn = next(p for p in data if p["name"] == "vdnn")
+    assert any(param["name"] == "mode" and param["choices"] for param in vdnn["params"])
+    assert next(p for p in data if p["name"] == "g10")["moves_persistent"] is True
+    assert "mode" in run("planners").output
+
+
+def test_plan_writes_a_plan_that_simulates_as_predicted(tmp_path):
+    out = tmp_path / "plan.json"
+    result = run("plan", "synth-transformer-l12-b16-s1024", "--planner", "capuchin", "--budget", "60%",
+                 "-o", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["status"] == "ok" and summary["feasible"] and summary["actions"] > 0
+    assert summary["planning_seconds"] >= 0
+    again = json.loads(run("simulate", "synth-transformer-l12-b16-s1024", str(out), "--json").output)
+    assert again["iteration_us"] == summary["iteration_us"] and again["budget_bytes"] == summary["budget_bytes"]
+    saved = json.loads(out.read_text())
+    assert saved["predicted"]["iteration_us"] == summary["iteration_us"] and "seconds" not in saved["planner"]
+
+
+def test_plan_is_byte_identical_across_runs(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for out in (a, b):
+        assert run("plan", "synth-cnn-l16-w128-b64-s224", "--planner", "g10", "--budget", "30%", "--seed", "7",
+                   "-o", str(out)).exit_code == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_plan_infeasible_exit_1_still_writes_plan(tmp_path):
+    out = tmp_path / "plan.json"
+    result = run("plan", "synth-transformer-l12-b16-s1024", "--planner", "none", "--budget", "60%", "-o", str(out))
+    assert result.exit_code == 1 and "INFEASIBLE" in result.output
+    assert json.loads(out.read_text())["planner"]["status"] == "infeasible"
+
+
+def test_plan_bad_inputs_exit_2(tmp_path):
+    cases = [
+        (["--planner", "magic", "--budget", "90%"], "unknown planner 'magic'"),
+        (["--planner", "vdnn", "--budget", "90%", "--param", "mode=fast"], "'fast' is not one of all, conv, dyn"),
+        (["--planner", "vdnn", "--budget", "90%", "--param", "mode"], "expected key=value"),
+        (["--planner", "lms", "--budget", "1MB"], "below the smallest budget planner 'lms' can meet"),
+    ]
+    for args, message in cases:
+        result = run("plan", "synth-transformer-l12-b16-s1024", *args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.startswith("error: ") and message in result.output
