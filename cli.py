@@ -226,6 +226,50 @@ def _print_result(profile_name: str, hardware_name: str, result) -> None:
             f"{op} {format_us(s['data_us'] + s['memory_us'])}" for op, s in worst))
 
 
+# ----------------------------------------------------------------------------- trace
+
+
+@app.command("trace")
+@click.argument("model", required=False)
+@click.option("--batch", type=int, default=None, help="Batch size [default: the model's].")
+@click.option("--seq", type=int, default=None,
+              help="Sequence length (language models) or image side in pixels (vision) [default: the model's].")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True)
+@click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw", show_default=True)
+@click.option("--hardware", "hardware_name", default="a100-40gb-pcie4", show_default=True,
+              help="Preset or hardware file whose roofline times the kernels.")
+@click.option("--cpu-kernels", is_flag=True, help="Keep the CPU's kernel choices (math attention, float "
+                                                  "dropout masks) instead of those a CUDA run picks.")
+@click.option("--name", default=None, help="Profile name [default: <model>-b<batch>-s<seq>...].")
+@click.option("--list", "list_models", is_flag=True, help="List the registered models and exit.")
+@click.option("-o", "--output", default=None, help="Profile file to write (.json, .json.gz, .yaml).")
+def trace_cmd(model, batch, seq, dtype, optimizer, hardware_name, cpu_kernels, name, list_models, output) -> None:
+    """Trace one training step of MODEL (forward, backward, optimizer) on fake tensors:
+    no weights, no GPU, no download; kernel times from a roofline of the hardware.
+
+    MODEL is a registered name (gpt2, gpt2-medium, bert-base, bert-large, llama-1b,
+    vit-base, resnet50, resnet152, vgg16; see --list) or module:callable, a function of
+    yours returning (nn.Module, example inputs[, loss_fn[, targets]]). Needs the `trace`
+    extra (torch, transformers).
+    """
+    from simulator.profile import save_profile
+    from tracer.torch_trace import trace
+
+    if list_models:
+        from tracer.models import REGISTRY
+        _table(None, ["model", "batch", "seq", "description"],
+               [[e.name, e.batch, e.seq, e.description] for e in REGISTRY.values()], right={1, 2})
+        return
+    if model is None or output is None:
+        raise click.UsageError("MODEL and -o/--output are required (or --list)")
+    click.echo(f"tracing {model} ...", err=True)
+    profile = trace(model, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer, hardware=hardware_name,
+                    name=name, gpu_kernels=not cpu_kernels)
+    save_profile(profile, output)
+    click.echo(f"wrote {output}: {profile.name}, {len(profile.ops)} ops, {len(profile.tensors)} tensors, "
+               f"peak {format_bytes(profile.peak_bytes)}, ideal {format_us(profile.ideal_us)}")
+
+
 # ----------------------------------------------------------------------------- import
 
 

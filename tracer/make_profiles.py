@@ -1,37 +1,97 @@
-"""Regenerate the shipped synthetic profiles: ``python -m tracer.make_profiles [--check]``.
+"""Regenerate the shipped profiles: ``python -m tracer.make_profiles [--only KIND] [--check]``.
 
-Writes ``profiles/<name>.json`` for each entry of SHIPPED (timed on the default
-preset, a100-40gb-pcie4) and prints one line per profile. With ``--check`` nothing
-is written: each profile is rebuilt in memory and compared byte for byte with the
-shipped file; the exit status is 1 if any file is missing or differs.
+Three kinds ship in ``profiles/``:
+
+- synthetic (``.json``): three generated graphs, timed on a100-40gb-pcie4;
+- traced (``.json.gz``): real models traced on fake tensors (needs the ``trace`` extra),
+  timed on a100-40gb-pcie4, at batch sizes that put their no-swap peak at about 2x the
+  40 GiB GPU, the regime where swapping matters;
+- imported (``.json.gz``): the VGG13 training iteration measured on an H100 (the trace
+  beside this checkout in ../shared/data; skipped when that folder is absent).
+
+Each is rebuilt and written (or, with ``--check``, compared byte for byte with the
+shipped file; exit status 1 if any is missing or differs). Same inputs, same bytes.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from simulator.catalog import profile_dir
 from simulator.profile import Profile, profile_bytes, save_profile
 from tracer.synthetic import synthesize
 
-# The parameters of the shipped profiles; the names follow from them:
-# synth-mlp-l16-w8192-b1024, synth-cnn-l16-w128-b64-s224, synth-transformer-l12-b16-s1024.
-SHIPPED = (
+# The synthetic profiles' parameters, and the names synthesize gives them (a test checks).
+SYNTHETIC_NAMES = ("synth-mlp-l16-w8192-b1024", "synth-cnn-l16-w128-b64-s224", "synth-transformer-l12-b16-s1024")
+SYNTHETIC = (
     {"model": "mlp", "layers": 16, "width": 8192, "batch": 1024},
     {"model": "cnn", "layers": 16, "width": 128, "batch": 64, "seq": 224},
     {"model": "transformer", "layers": 12, "batch": 16, "seq": 1024},
 )
 
+# Traced models (model, batch, seq): peaks of 1.8x-2.2x a 40 GiB GPU in fp32 with AdamW.
+TRACED = (
+    ("gpt2", 48, 1024), ("gpt2-medium", 24, 1024), ("bert-base", 160, 512), ("bert-large", 80, 512),
+    ("llama-1b", 12, 2048), ("vit-base", 640, 224), ("resnet50", 1024, 224), ("resnet152", 512, 224),
+    ("vgg16", 1024, 224),
+)
 
-def shipped_profiles() -> list[Profile]:
-    """Build every shipped profile in memory."""
-    return [synthesize(**params) for params in SHIPPED]
+VGG13_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "triosim-vgg13-h100"
+VGG13_NAME = "vgg13-b512-h100-measured"
 
 
-def shipped_path(profile: Profile, folder: Path | None = None) -> Path:
-    """Where a shipped profile is saved: ``<folder>/<name>.json``."""
-    return (folder or profile_dir()) / f"{profile.name}.json"
+@dataclass(frozen=True)
+class Recipe:
+    """How one shipped profile is made."""
+    name: str
+    kind: str                         # synthetic | traced | imported
+    suffix: str                       # .json | .json.gz
+    build: Callable[[], Profile]
+    available: Callable[[], str | None] = lambda: None   # why it cannot be built here, or None
+
+
+def _traced(model: str, batch: int, seq: int) -> Profile:
+    from tracer.torch_trace import trace
+    return trace(model, batch=batch, seq=seq)
+
+
+def _torch_missing() -> str | None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "torch is not installed (pip install '.[trace]')"
+    return None
+
+
+def _vgg13() -> Profile:
+    from tracer.kineto import import_kineto
+    return import_kineto(VGG13_TRACE / "kineto_trace.json", et_path=VGG13_TRACE / "execution_trace.json",
+                         name=VGG13_NAME)
+
+
+def recipes() -> list[Recipe]:
+    """Every shipped profile, synthetic first."""
+    found = [Recipe(name, "synthetic", ".json", lambda p=p: synthesize(**p))
+             for name, p in zip(SYNTHETIC_NAMES, SYNTHETIC)]
+    found += [Recipe(f"{m}-b{b}-s{s}", "traced", ".json.gz", lambda m=m, b=b, s=s: _traced(m, b, s),
+                     _torch_missing) for m, b, s in TRACED]
+    found.append(Recipe(VGG13_NAME, "imported", ".json.gz", _vgg13,
+                        lambda: None if VGG13_TRACE.is_dir() else f"{VGG13_TRACE} is absent"))
+    return found
+
+
+def synthetic_profiles() -> list[Profile]:
+    """The synthetic shipped profiles, built in memory."""
+    return [synthesize(**params) for params in SYNTHETIC]
+
+
+def shipped_path(name: str, suffix: str, folder: Path | None = None) -> Path:
+    """Where a shipped profile lives: ``<folder>/<name><suffix>``."""
+    return (folder or profile_dir()) / f"{name}{suffix}"
 
 
 def summary(profile: Profile) -> str:
@@ -42,29 +102,43 @@ def summary(profile: Profile) -> str:
 
 def differs(profile: Profile, path: Path) -> bool:
     """True when ``path`` is missing or does not hold exactly this profile's saved bytes."""
-    return not path.is_file() or path.read_bytes() != profile_bytes(profile)
+    if not path.is_file():
+        return True
+    data = path.read_bytes()
+    if path.name.endswith(".gz"):
+        data = gzip.decompress(data)
+    return data != profile_bytes(profile)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tracer.make_profiles", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tracer.make_profiles", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true",
                         help="compare with the shipped files instead of writing them")
+    parser.add_argument("--only", choices=("synthetic", "traced", "imported"), default=None,
+                        help="only this kind of profile")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder to write to or check (default: the profiles package)")
     args = parser.parse_args(argv)
     stale = 0
-    for profile in shipped_profiles():
-        path = shipped_path(profile, args.out)
+    for recipe in recipes():
+        if args.only and recipe.kind != args.only:
+            continue
+        missing = recipe.available()
+        if missing:
+            print(f"{recipe.name}: skipped ({missing})")
+            continue
+        profile = recipe.build()
+        path = shipped_path(recipe.name, recipe.suffix, args.out)
         if args.check:
             bad = differs(profile, path)
             stale += bad
-            print(f"{summary(profile)}  [{'DIFFERS' if bad else 'ok'}]")
+            print(f"{summary(profile)}  [{'DIFFERS' if bad else 'ok'}]", flush=True)
         else:
             save_profile(profile, path)
-            print(summary(profile))
+            print(summary(profile), flush=True)
     if stale:
-        print(f"{stale} shipped profile(s) differ; run python -m tracer.make_profiles",
-              file=sys.stderr)
+        print(f"{stale} shipped profile(s) differ; run python -m tracer.make_profiles", file=sys.stderr)
     return 1 if stale else 0
 
 

@@ -1,0 +1,929 @@
+"""Trace one real PyTorch training step into a Profile, on fake tensors.
+
+``trace(model, batch=..., seq=...)`` builds a model of :mod:`tracer.models` on the
+meta device, fakes its parameters, buffers, optimizer state and batch
+(``FakeTensorMode``: shapes, dtypes and storages, no memory, no weights, no GPU,
+nothing downloaded) and records one full training step with
+``make_fx(step, tracing_mode="fake")`` at the ATen level:
+
+    forward (``torch.func.functional_call``) -> loss -> ``torch.autograd.grad``
+    -> the optimizer written with the ``_foreach_*`` ops that
+       ``torch.optim.AdamW(foreach=True)`` (or ``SGD(momentum=0.9, foreach=True)``) runs.
+
+The real ``torch.optim`` optimizers cannot be traced (they read the step count with
+``.item()``; ``capturable=True`` wants CUDA), so :func:`adamw_foreach` and
+:func:`sgd_foreach` restate their non-capturable multi-tensor paths op for op (the
+CPU-side step counters launch no GPU kernel and are left out). Markers from
+``torch.profiler.record_function("phase:...")`` survive make_fx and give each op its
+phase.
+
+GPU kernel choices (``gpu_kernels=True``, the default)
+-----------------------------------------------------
+On CPU, PyTorch picks other kernels than a CUDA run: dropout makes a float mask
+(``bernoulli_`` + ``div_`` + ``mul``) and attention with dropout or a mask takes the
+math path, which materialises B x H x S x S scores and probabilities. A profile meant
+for a GPU uses the GPU's choices, so while the forward runs, a ``TorchFunctionMode``
+(``GpuKernels``) substitutes what the CUDA dispatcher would call:
+
+- ``F.dropout`` (training, 0 < p < 1) -> ``aten::native_dropout``: the output plus a
+  bool mask; its backward is ``aten::native_dropout_backward``.
+- ``F.scaled_dot_product_attention`` -> ``aten::_scaled_dot_product_flash_attention``
+  for fp16/bf16 without a mask, else ``aten::_scaled_dot_product_efficient_attention``
+  (what an A100/H100 picks for fp32 or a mask). Both save q, k, v (views of their
+  projection's output), the output and a fp32 logsumexp of B x H x S (padded to a
+  multiple of 32 for the efficient kernel), never a B x H x S x S matrix; their
+  backward ops are the matching ``..._backward`` kernels. ``enable_gqa`` repeats k and v
+  first. These ops' fake (meta) kernels run on fake CPU tensors, so the substitution
+  needs no custom op.
+- transformers builds an explicit S x S mask when it cannot read the batch (it
+  checks the position ids for packed sequences, which fake tensors cannot answer).
+  The batch is one unpadded sequence per row, for which a real run finds no packing
+  and calls SDPA with ``is_causal=True`` and no mask; while tracing, the tracer gives
+  transformers that answer (``masking_utils.find_packed_sequence_indices`` returns
+  None). This applies in both kernel modes.
+
+``gpu_kernels=False`` keeps the CPU's own choices (used to check the tracer against a
+real CPU run of the same step, see tests/test_trace.py).
+
+From the graph to the profile
+-----------------------------
+- One tensor per storage (``untyped_storage()`` identity of the fake values): views
+  and in-place results are folded into their base storage. Kinds: parameters
+  ``weight``; buffers (batch-norm running statistics, HF position ids) also
+  ``weight`` (persistent model state, no optimizer op; named after the buffer);
+  AdamW ``exp_avg`` / ``exp_avg_sq`` and SGD ``momentum_buffer`` ``optimizer_state``;
+  the batch ``input``; new storages of the forward ``activation``, of the backward
+  ``gradient``. Storages of 0 bytes are left out.
+- Which graph nodes become profile ops: every ATen op that writes memory, i.e. that
+  returns a new storage or writes one of its arguments (schema ``(a!)``). Folded
+  away, with no op: view and alias ops (their outputs share an existing storage and
+  they write nothing: ``view``, ``_unsafe_view``, ``t``, ``transpose``, ``expand``,
+  ``slice``, ``split``, ``detach``, ``alias``, ...), ``getitem``, the profiler
+  markers, and allocation-only ops (``empty``, ``empty_like``, ``empty_strided``,
+  ``new_empty``, ``new_empty_strided``): their storage becomes an output of the first
+  kernel that touches it (for instance the ``bernoulli_`` that fills a CPU dropout
+  mask).
+- In-place writes are ``updates`` (the optimizer, ``relu_``, ``add_`` of a residual,
+  batch-norm running statistics, in-place gradient accumulation); a tensor written
+  in place is not also listed in ``inputs``.
+- Gradient accumulation follows the autograd engine of a real run: where a tensor
+  feeds several ops, its gradient contributions are summed in place into the first
+  one when the engine holds the last reference to it (it is no view and has no
+  later use), else out of place (:func:`_accumulate_in_place`). make_fx itself always
+  records the out-of-place ``add`` because the tracer holds extra references.
+- The optimizer: each ``_foreach_*`` kernel is split per list element, and the
+  slices of one parameter are merged into one op per parameter, in parameter order
+  (``optim::adamw_foreach``: inputs its gradient, updates the weight, ``exp_avg``
+  and ``exp_avg_sq``; ``optim::sgd_foreach``: the gradient, updates the weight and
+  ``momentum_buffer``), so that a weight and its state need to be resident only for
+  their own step, as a swapping runtime steps them. Its time is the parameter's
+  share (by bytes) of each foreach kernel's roofline time (the total is the foreach
+  kernels' time), its FLOPs 0. The foreach form's one temporary,
+  ``sqrt(exp_avg_sq)`` for every parameter at once, is allocated only after the
+  last kernel reading the gradients, which are then freed: its peak is persistent +
+  max(all gradients, all temporaries) = persistent + all gradients, exactly what the
+  per-parameter ops hold at the first optimizer op (every gradient is live there).
+  So the temporary is folded away and adds no workspace.
+- ``flops`` from ``torch.utils.flop_counter``'s registry (matmul, convolution,
+  attention; 0 for every other op, whose time is memory-bound anyway); ``time_us``
+  from :func:`tracer.roofline.kernel_time_us` with the dtype's peak, where the bytes
+  moved are the distinct elements of every tensor argument read plus every tensor
+  written (an embedding reads only the gathered rows).
+- ``module``: the qualified name of the innermost ``nn.Module`` whose forward ran
+  the op (forward hooks annotate the graph nodes); backward ops get the module of the
+  forward op that created their autograd node (autograd node pre-hooks carry its
+  sequence number into the graph, as AOTAutograd does); gradient accumulations the
+  module of the backward op before them; optimizer ops the module owning the
+  parameter. The root module is ``model``; a loss computed outside it is ``loss``.
+
+Every problem raises ``InputError("<argument>", field, problem)`` with a one-line
+problem: unknown model, bad ``module:callable``, bad sizes, a dtype the hardware
+lacks, or a model that fails to trace.
+"""
+from __future__ import annotations
+
+import contextlib
+import operator
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulator.errors import InputError
+from simulator.hardware import Hardware, load_hardware
+from simulator.profile import Op, Profile, Tensor
+from tracer.roofline import DTYPE_BYTES, kernel_time_us, peak_tflops
+
+DEFAULT_HARDWARE = "a100-40gb-pcie4"
+OPTIMIZERS = ("adamw", "sgd")
+DTYPES = tuple(DTYPE_BYTES)
+# torch.optim defaults (AdamW) and a common SGD setting; the values change no shape.
+ADAMW = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 1e-2}
+SGD = {"lr": 1e-2, "momentum": 0.9, "dampening": 0.0}
+ROOT_MODULE = "model"
+LOSS_MODULE = "loss"
+_STEP = 1  # the optimizer step whose bias corrections are used (a Python number)
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise InputError("<argument>", "model",
+                         "tracing needs torch (pip install 'swapplan[trace]')") from None
+    return torch
+
+
+# ----------------------------------------------------------------------------- optimizers
+
+
+def adamw_foreach(params, grads, exp_avgs, exp_avg_sqs, *, lr=ADAMW["lr"], beta1=ADAMW["beta1"],
+                  beta2=ADAMW["beta2"], eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"],
+                  step=_STEP):
+    """One AdamW step with the ``_foreach_*`` kernels of ``torch.optim.AdamW(foreach=True)``
+    (non-capturable, no amsgrad), in its order. ``grads`` is a list that is emptied once
+    the last kernel reading it has run, as torch.optim's ``del device_grads`` frees it."""
+    import torch
+    torch._foreach_mul_(params, 1 - lr * weight_decay)
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+    grads.clear()
+    bias_correction1 = 1 - beta1 ** step
+    bias_correction2 = 1 - beta2 ** step
+    step_size = [-(lr / bias_correction1)] * len(params)
+    exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(exp_avg_sq_sqrt, [bias_correction2 ** 0.5] * len(params))
+    torch._foreach_add_(exp_avg_sq_sqrt, eps)
+    torch._foreach_addcdiv_(params, exp_avgs, exp_avg_sq_sqrt, step_size)
+
+
+def sgd_foreach(params, grads, momentum_buffers, *, lr=SGD["lr"], momentum=SGD["momentum"],
+                dampening=SGD["dampening"]):
+    """One SGD-with-momentum step as ``torch.optim.SGD(momentum=..., foreach=True)`` runs
+    it once the momentum buffers exist (no weight decay, no Nesterov)."""
+    import torch
+    torch._foreach_mul_(momentum_buffers, momentum)
+    torch._foreach_add_(momentum_buffers, grads, alpha=1 - dampening)
+    grads.clear()
+    torch._foreach_add_(params, momentum_buffers, alpha=-lr)
+
+
+def state_names(optimizer: str) -> tuple[str, ...]:
+    """The per-parameter optimizer state tensors, in the order the step takes them."""
+    return ("exp_avg", "exp_avg_sq") if optimizer == "adamw" else ("momentum_buffer",)
+
+
+# ----------------------------------------------------------------------------- kernel choices
+
+
+def _make_gpu_kernels_mode():
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    aten = torch.ops.aten
+
+    class GpuKernels(TorchFunctionMode):
+        """Route dropout and SDPA to the kernels a CUDA run picks (see the module doc)."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is F.dropout or func is torch.dropout or func is torch.nn.functional.dropout:
+                return self._dropout(func, args, kwargs)
+            if func is F.scaled_dot_product_attention:
+                return self._attention(*args, **kwargs)
+            return func(*args, **kwargs)
+
+        @staticmethod
+        def _dropout(func, args, kwargs):
+            names = ("input", "p", "training", "inplace") if func is F.dropout else \
+                ("input", "p", "train")
+            bound = dict(zip(names, args))
+            bound.update(kwargs)
+            x = bound["input"]
+            p = bound.get("p", 0.5)
+            training = bound.get("training", bound.get("train", True))
+            if not training or p == 0 or x.numel() == 0:
+                return x
+            if p == 1:
+                return func(*args, **kwargs)
+            out = aten.native_dropout.default(x, float(p), True)[0]
+            if bound.get("inplace", False):
+                return x.copy_(out)
+            return out
+
+        @staticmethod
+        def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                       scale=None, enable_gqa=False):
+            if enable_gqa and key.shape[-3] != query.shape[-3]:
+                groups = query.shape[-3] // key.shape[-3]
+                key = key.repeat_interleave(groups, dim=-3)
+                value = value.repeat_interleave(groups, dim=-3)
+            if attn_mask is None and query.dtype in (torch.float16, torch.bfloat16) \
+                    and query.shape[-1] <= 256:
+                return aten._scaled_dot_product_flash_attention.default(
+                    query, key, value, float(dropout_p), bool(is_causal), False, scale=scale)[0]
+            if attn_mask is not None and attn_mask.dtype == torch.bool:
+                attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
+                    attn_mask.logical_not(), float("-inf"))
+            return aten._scaled_dot_product_efficient_attention.default(
+                query, key, value, attn_mask, True, float(dropout_p), bool(is_causal),
+                scale=scale)[0]
+
+    return GpuKernels()
+
+
+@contextlib.contextmanager
+def _unpacked_batches():
+    """Tell transformers the batch holds one sequence per row (see the module doc)."""
+    masking = sys.modules.get("transformers.masking_utils")
+    if masking is None or not hasattr(masking, "find_packed_sequence_indices"):
+        yield
+        return
+    original = masking.find_packed_sequence_indices
+    masking.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = original
+
+
+# ----------------------------------------------------------------------------- the step
+
+
+class TrainStep:
+    """One training step of a :class:`tracer.models.Workload` as a function of flat lists:
+    ``step(params, buffers, states, batch) -> loss`` where ``states`` holds one list per
+    optimizer state (``state_names(optimizer)``), each aligned with ``params``.
+
+    It runs eagerly on real tensors too (the tests compare a real CPU run of it with
+    its trace). ``annotate=True`` adds the module and autograd-node annotations the
+    tracer reads (no effect on the computation).
+    """
+
+    def __init__(self, workload, optimizer: str = "adamw", gpu_kernels: bool = True,
+                 annotate: bool = False):
+        self.workload = workload
+        self.optimizer = optimizer
+        self.gpu_kernels = gpu_kernels
+        self.annotate = annotate
+        module = workload.module
+        self.param_names = [n for n, _ in module.named_parameters()]
+        self.buffer_names = [n for n, _ in module.named_buffers()]
+        self.input_names = list(workload.inputs)
+        self.module_names = {m: (n or ROOT_MODULE) for n, m in module.named_modules()}
+
+    def __call__(self, params, buffers, states, batch):
+        import torch
+        from torch.autograd.profiler import record_function
+        module = self.workload.module
+        values = dict(zip(self.param_names, params))
+        buffer_values = dict(zip(self.buffer_names, buffers))
+
+        def call(*args, **kwargs):
+            return torch.func.functional_call(module, (values, buffer_values), args, kwargs,
+                                              tie_weights=True, strict=False)
+
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(record_function("phase:forward"))
+            if self.gpu_kernels:
+                stack.enter_context(_make_gpu_kernels_mode())
+            if self.annotate:
+                stack.enter_context(self._module_annotations())
+            loss = self.workload.forward(call, dict(zip(self.input_names, batch)))
+        if self.annotate:
+            _annotate_backward(loss)
+        with record_function("phase:backward"):
+            grads = list(torch.autograd.grad(loss, params))
+        with record_function("phase:optimizer"), torch.no_grad():
+            if self.optimizer == "adamw":
+                adamw_foreach(params, grads, states[0], states[1])
+            else:
+                sgd_foreach(params, grads, states[0])
+        return loss.detach()
+
+    @contextlib.contextmanager
+    def _module_annotations(self):
+        """Forward hooks that put the running module's name on every graph node."""
+        from torch.fx import traceback as fx_traceback
+        names = self.module_names
+        frames: list = []
+
+        def enter(mod, args):
+            frame = fx_traceback.annotate({"module": names.get(mod, ROOT_MODULE)})
+            frame.__enter__()
+            frames.append(frame)
+
+        def leave(mod, args, out):
+            if frames:
+                frames.pop().__exit__(None, None, None)
+
+        handles = []
+        for mod in self.workload.module.modules():
+            handles.append(mod.register_forward_pre_hook(enter))
+            handles.append(mod.register_forward_hook(leave, always_call=True))
+        outer = fx_traceback.annotate({"module": LOSS_MODULE})
+        outer.__enter__()
+        try:
+            yield
+        finally:
+            while frames:
+                frames.pop().__exit__(None, None, None)
+            outer.__exit__(None, None, None)
+            for handle in handles:
+                handle.remove()
+
+
+def _annotate_backward(loss) -> None:
+    """Pre/post hooks on every autograd node: the graph nodes its backward creates are
+    annotated with the node's sequence number, which is its forward op's ``seq_nr``."""
+    from torch.fx import traceback as fx_traceback
+    root = loss.grad_fn
+    if root is None:
+        return
+    frames: list = []
+
+    def prehook_for(seq_nr):
+        def prehook(grad_outputs):
+            frame = fx_traceback.annotate({"grad_fn": seq_nr})
+            frame.__enter__()
+            frames.append(frame)
+        return prehook
+
+    def posthook(grad_inputs, grad_outputs):
+        if frames:
+            frames.pop().__exit__(None, None, None)
+
+    seen = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        node.register_prehook(prehook_for(node._sequence_nr()))
+        node.register_hook(posthook)
+        todo.extend(fn for fn, _ in node.next_functions)
+
+
+# ----------------------------------------------------------------------------- capture
+
+
+@dataclass
+class Capture:
+    """A traced step: the FX graph and what its placeholders are."""
+    graph_module: Any
+    step: TrainStep
+    params: list
+    buffers: list
+    states: list
+    batch: list
+
+
+def capture(workload, *, dtype: str = "fp32", optimizer: str = "adamw",
+            gpu_kernels: bool = True) -> Capture:
+    """make_fx over the functional step on fake tensors (no memory is allocated)."""
+    torch = _torch()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx import traceback as fx_traceback
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    module = workload.module
+    if torch_dtype != torch.float32:
+        module.to(torch_dtype)  # on meta: fake tensors cannot change dtype (.to fails)
+    step = TrainStep(workload, optimizer, gpu_kernels, annotate=True)
+    named_params = dict(module.named_parameters())
+    named_buffers = dict(module.named_buffers())
+    with FakeTensorMode():
+        params = [torch.empty(named_params[n].shape, dtype=named_params[n].dtype,
+                              requires_grad=True) for n in step.param_names]
+        buffers = [torch.empty(named_buffers[n].shape, dtype=named_buffers[n].dtype)
+                   for n in step.buffer_names]
+        states = [[torch.empty(p.shape, dtype=p.dtype) for p in params]
+                  for _ in state_names(optimizer)]
+        batch = [torch.empty(spec.shape, dtype=spec.dtype or torch_dtype)
+                 for spec in workload.inputs.values()]
+    with fx_traceback.preserve_node_meta(), _unpacked_batches():
+        gm = make_fx(step, tracing_mode="fake")(params, buffers, states, batch)
+    return Capture(gm, step, params, buffers, states, batch)
+
+
+# ----------------------------------------------------------------------------- lowering
+
+_ALLOC_ONLY = ("empty.memory_format", "empty_like.default", "empty_strided.default",
+               "new_empty.default", "new_empty_strided.default", "empty.names")
+_GATHER = ("embedding.default",)
+
+
+@dataclass(eq=False)
+class _T:
+    """A tensor (storage) while lowering."""
+    index: int
+    bytes: int
+    kind: str
+    name: str
+    shape: tuple
+    dtype: str
+    pending: bool = False     # allocated by an allocation-only op, not yet produced
+    dropped: bool = False     # folded away (optimizer temporary, in-place accumulation)
+
+
+@dataclass
+class _RawOp:
+    name: str
+    phase: str
+    module: str
+    inputs: list
+    outputs: list
+    updates: list
+    flops: float
+    bytes_moved: float
+    slot: int | None = None   # list position of a foreach slice
+    kernel: int | None = None  # which foreach kernel a slice belongs to
+    time_us: float | None = None
+    dense: tuple = ()          # accumulations: which inputs are whole, contiguous storages
+
+
+@dataclass
+class _Lowering:
+    hw: Hardware
+    dtype: str
+    tensors: list = field(default_factory=list)
+    by_storage: dict = field(default_factory=dict)
+    ops: list = field(default_factory=list)
+
+    def new_tensor(self, storage, val, kind: str, name: str, pending: bool = False) -> _T | None:
+        nbytes = int(storage.nbytes())
+        if nbytes == 0:
+            return None
+        t = _T(len(self.tensors), nbytes, kind, name, _storage_shape(val, nbytes),
+               _dtype_name(val.dtype), pending)
+        self.tensors.append(t)
+        self.by_storage[storage._cdata] = t
+        return t
+
+    def lookup(self, val) -> _T | None:
+        return self.by_storage.get(val.untyped_storage()._cdata)
+
+
+def _dtype_name(dtype) -> str:
+    import torch
+    names = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+             torch.float64: "fp64", torch.int64: "int64", torch.int32: "int32",
+             torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool"}
+    return names.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def _storage_shape(val, nbytes: int) -> tuple:
+    """The tensor's shape when it spans its whole storage, else the flat element count."""
+    if val.numel() * val.element_size() == nbytes:
+        return tuple(int(d) for d in val.shape)
+    return (nbytes // max(val.element_size(), 1),)
+
+
+def _distinct_bytes(val) -> int:
+    """Bytes of the distinct elements a (possibly broadcast) view touches."""
+    count = 1
+    for size, stride in zip(val.shape, val.stride()):
+        if stride != 0:
+            count *= int(size)
+    return min(count * val.element_size(), int(val.untyped_storage().nbytes()))
+
+
+def _tensors_in(obj, out: list) -> list:
+    import torch
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            _tensors_in(item, out)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            _tensors_in(item, out)
+    return out
+
+
+def _values(node_args):
+    """Replace graph nodes by their fake values."""
+    from torch.fx import Node
+    from torch.utils._pytree import tree_map
+    return tree_map(lambda a: a.meta.get("val") if isinstance(a, Node) else a, node_args)
+
+
+# Ops that write arguments their schema does not mark ``(a!)``: batch norm in training
+# updates the running statistics (arguments 3 and 4; argument 5 is ``training``).
+_UNMARKED_WRITES = {"native_batch_norm": (3, 4), "cudnn_batch_norm": (3, 4),
+                    "miopen_batch_norm": (3, 4)}
+
+
+def _written_args(target, args, kwargs) -> list:
+    """The argument values the op writes in place: its schema's ``(a!)`` arguments, and
+    batch norm's running statistics in training."""
+    written = []
+    unmarked = _UNMARKED_WRITES.get(target.overloadpacket.__name__)
+    if unmarked and len(args) > 5 and args[5]:
+        _tensors_in([args[i] for i in unmarked], written)
+    for i, arg in enumerate(target._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        if arg.kwarg_only or i >= len(args):
+            value = kwargs.get(arg.name)
+        else:
+            value = args[i]
+        _tensors_in(value, written)
+    return written
+
+
+def _flops(target, args, kwargs, out) -> float:
+    from torch.utils.flop_counter import flop_registry
+    formula = flop_registry.get(target.overloadpacket)
+    if formula is None:
+        return 0.0
+    try:
+        return float(formula(*args, **kwargs, out_val=out))
+    except Exception:  # a formula that does not accept this overload's arguments
+        return 0.0
+
+
+def _op_name(target) -> str:
+    packet = target.overloadpacket
+    return f"{target.namespace}::{packet.__name__}"
+
+
+def lower(cap: Capture, hw: Hardware, dtype: str, optimizer: str) -> tuple[list, list]:
+    """Walk the graph in order and build the profile's tensors and ops."""
+    import torch
+    gm = cap.graph_module
+    step = cap.step
+    low = _Lowering(hw, dtype)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    roles = ([("weight", n) for n in step.param_names]
+             + [("weight", n) for n in step.buffer_names]
+             + [("optimizer_state", f"{p}.{s}") for s in state_names(optimizer)
+                for p in step.param_names]
+             + [("input", f"batch.{n}") for n in step.input_names])
+    if len(roles) != len(placeholders):
+        raise RuntimeError(f"expected {len(roles)} graph inputs, found {len(placeholders)}")
+    for (kind, name), node in zip(roles, placeholders):
+        val = node.meta["val"]
+        low.new_tensor(val.untyped_storage(), val, kind, name)
+
+    record_enter = torch.ops.profiler._record_function_enter_new.default
+    ignored: set = set()
+    phase = "other"
+    seq_module: dict[int, str] = {}
+    last_backward_module = LOSS_MODULE
+    kernel_count = 0
+    kernel_nodes: set = set()  # graph nodes that became profile ops
+
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":  # a constant captured by the trace: not swappable
+            val = getattr(gm, node.target, None)
+            if isinstance(val, torch.Tensor):
+                ignored.add(val.untyped_storage()._cdata)
+            continue
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if target is operator.getitem:
+            continue
+        if target is record_enter:
+            label = node.args[0]
+            if isinstance(label, str) and label.startswith("phase:"):
+                phase = label.split(":", 1)[1]
+            continue
+        if not isinstance(target, torch._ops.OpOverload) or target.namespace == "profiler":
+            continue
+
+        meta = node.meta
+        custom = meta.get("custom") or {}
+        if phase == "forward":
+            module = custom.get("module") or LOSS_MODULE
+            seq_module.setdefault(meta.get("seq_nr", -1), module)
+            last_backward_module = module  # the backward seed belongs to the loss
+        elif phase == "backward":
+            if "grad_fn" in custom:  # inside an autograd node's backward
+                module = seq_module.get(custom["grad_fn"], last_backward_module)
+            else:  # the seed of the backward pass, or a gradient accumulation
+                module = last_backward_module
+        else:
+            module = ROOT_MODULE
+
+        args = _values(node.args)
+        kwargs = _values(node.kwargs)
+        out = meta.get("val")
+        in_vals = _tensors_in((args, kwargs), [])
+        out_vals = _tensors_in(out, [])
+        written_vals = _written_args(target, args, kwargs)
+        overload = f"{target.overloadpacket.__name__}.{target._overloadname}"
+
+        if overload in _ALLOC_ONLY:
+            for val in out_vals:
+                storage = val.untyped_storage()
+                if storage._cdata not in low.by_storage:
+                    low.new_tensor(storage, val, _kind_for(phase), "", pending=True)
+            continue
+
+        is_foreach = target.overloadpacket.__name__.startswith("_foreach_")
+        if is_foreach and phase == "optimizer":
+            kernel_count += 1
+            _lower_foreach(low, target, args, kwargs, out, phase, kernel_count)
+            continue
+
+        new_outputs = []
+        for k, val in enumerate(out_vals):
+            storage = val.untyped_storage()
+            if storage._cdata in ignored:
+                continue
+            known = low.by_storage.get(storage._cdata)
+            if known is None:
+                suffix = f".{k}" if len(out_vals) > 1 else ""
+                t = low.new_tensor(storage, val, _kind_for(phase),
+                                   f"{module}.{target.overloadpacket.__name__}{suffix}")
+                if t is not None:
+                    new_outputs.append(t)
+        written = _dedup(low.lookup(v) for v in written_vals
+                         if v.untyped_storage()._cdata not in ignored)
+        if not new_outputs and not written:
+            continue  # a view or alias: no kernel
+        reads = _dedup(low.lookup(v) for v in in_vals
+                       if v.untyped_storage()._cdata not in ignored)
+        outputs = list(new_outputs)
+        for t in reads + written:
+            if t.pending:  # first kernel to touch an allocation-only storage produces it
+                t.pending = False
+                t.kind = _kind_for(phase)
+                t.name = t.name or f"{module}.{target.overloadpacket.__name__}"
+                outputs.append(t)
+        out_ids = {t.index for t in outputs}
+        updates = [t for t in written if t.index not in out_ids]
+        upd_ids = {t.index for t in updates}
+        inputs = [t for t in reads if t.index not in out_ids and t.index not in upd_ids]
+
+        if overload in _GATHER:
+            moved = (sum(_distinct_bytes(v) for v in in_vals[1:])
+                     + 2 * sum(_distinct_bytes(v) for v in out_vals))
+        else:
+            seen_ids = set()
+            moved = 0
+            for v in in_vals:
+                if id(v) not in seen_ids and low.lookup(v) not in outputs:
+                    seen_ids.add(id(v))
+                    moved += _distinct_bytes(v)
+            moved += sum(_distinct_bytes(v) for v in written_vals)
+            moved += sum(_distinct_bytes(v) for v in out_vals
+                         if low.lookup(v) in new_outputs)
+        raw = _RawOp(_op_name(target), phase, module, inputs, outputs, updates,
+                     _flops(target, args, kwargs, out), moved)
+        if phase == "backward" and "grad_fn" not in custom and overload == "add.Tensor" \
+                and len(inputs) == 2 and len(outputs) == 1 and len(in_vals) == 2:
+            raw.dense = tuple(_whole(v, a, kernel_nodes) for v, a in zip(in_vals, node.args))
+        low.ops.append(raw)
+        kernel_nodes.add(node)
+        if phase == "backward":
+            last_backward_module = module
+
+    _accumulate_in_place(low)
+    return _finish(low, step, optimizer)
+
+
+def _whole(val, arg, kernel_nodes: set) -> bool:
+    """The very tensor a kernel returned (not a view of it: a view keeps its base, and so
+    a second reference to the storage, alive), contiguous and spanning its storage: a
+    gradient autograd may reuse in place when it holds the last reference to it."""
+    source = arg.args[0] if getattr(arg, "target", None) is operator.getitem else arg
+    return (source in kernel_nodes and val.is_contiguous()
+            and val.numel() * val.element_size() == val.untyped_storage().nbytes())
+
+
+def _accumulate_in_place(low: _Lowering) -> None:
+    """Gradient accumulation as the autograd engine does it on a real run.
+
+    The engine adds a new gradient contribution to the one it holds
+    (``InputBuffer::accumulate``, ``old + new``): in place into the held gradient when
+    it holds the last reference to it and its storage and it is a dense, contiguous,
+    non-view tensor; else out of place. Under make_fx the fake tensors have extra
+    references, so the trace always shows the out-of-place ``add``; here the
+    references are read from the schedule (the held gradient's last use is the add,
+    and it is no view) and such an add becomes ``aten::add_`` updating the held
+    gradient, its output folded into that storage. (A gradient that arrives as a view,
+    such as a tied weight's transposed gradient, is added out of place, as on a real
+    run.)
+    """
+    last_use: dict[int, int] = {}
+    for k, op in enumerate(low.ops):
+        for t in op.inputs + op.updates:
+            last_use[t.index] = k
+    alias: dict[int, _T] = {}
+
+    def resolve(items):
+        return _dedup(alias.get(t.index, t) for t in items)
+
+    for k, op in enumerate(low.ops):
+        held = op.inputs[0] if op.dense else None
+        op.inputs, op.updates = resolve(op.inputs), resolve(op.updates)
+        if held is None or not op.dense[0] or last_use.get(held.index) != k:
+            continue
+        out = op.outputs[0]
+        target = alias.get(held.index, held)
+        if target.bytes != out.bytes or target.kind in ("weight", "optimizer_state", "input"):
+            continue
+        op.name, op.updates, op.outputs = "aten::add_", [target], []
+        op.inputs = [t for t in op.inputs if t.index != target.index]
+        alias[out.index] = target
+        out.dropped = True
+
+
+def _kind_for(phase: str) -> str:
+    return {"forward": "activation", "backward": "gradient"}.get(phase, "other")
+
+
+def _dedup(items) -> list:
+    seen, out = set(), []
+    for t in items:
+        if t is not None and t.index not in seen:
+            seen.add(t.index)
+            out.append(t)
+    return out
+
+
+def _lower_foreach(low: _Lowering, target, args, kwargs, out, phase: str,
+                   kernel: int) -> None:
+    """Split one ``_foreach_*`` kernel into per-element slices (merged per parameter later)."""
+    import torch
+    lists = [a for a in list(args) + list(kwargs.values())
+             if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
+    n = len(lists[0])
+    written_ids = {id(v) for v in _written_args(target, args, kwargs)}
+    outs = out if isinstance(out, (list, tuple)) else []
+    slices = []
+    for i in range(n):
+        reads = [lst[i] for lst in lists]
+        new = []
+        if i < len(outs) and isinstance(outs[i], torch.Tensor):
+            val = outs[i]
+            storage = val.untyped_storage()
+            if storage._cdata not in low.by_storage:
+                t = low.new_tensor(storage, val, "other",
+                                   f"optimizer.{target.overloadpacket.__name__}.{i}")
+                if t is not None:
+                    new.append(t)
+        written = _dedup(low.lookup(v) for v in reads if id(v) in written_ids)
+        read_ts = _dedup(low.lookup(v) for v in reads)
+        w_ids = {t.index for t in written}
+        inputs = [t for t in read_ts if t.index not in w_ids]
+        moved = sum(_distinct_bytes(v) for v in reads)
+        moved += sum(_distinct_bytes(v) for v in reads if id(v) in written_ids)
+        moved += sum(t.bytes for t in new)
+        slices.append(_RawOp(_op_name(target), phase, "", inputs, new, written, 0.0, moved,
+                             slot=i, kernel=kernel))
+    total = sum(s.bytes_moved for s in slices)
+    time = kernel_time_us(low.hw, 0.0, total, low.dtype)
+    for s in slices:
+        s.time_us = time * (s.bytes_moved / total) if total else time / max(n, 1)
+    low.ops.extend(slices)
+
+
+def _finish(low: _Lowering, step: TrainStep, optimizer: str) -> tuple[list, list]:
+    """Merge optimizer slices per parameter, time the ops, number tensors and ops."""
+    main = [op for op in low.ops if op.slot is None]
+    slices = [op for op in low.ops if op.slot is not None]
+    by_slot: dict[int, list] = {}
+    for op in slices:
+        by_slot.setdefault(op.slot, []).append(op)
+    merged = []
+    name = f"optim::{optimizer}_foreach"
+    for i, pname in enumerate(step.param_names):
+        group = by_slot.get(i, [])
+        if not group:
+            continue
+        produced = {t.index for op in group for t in op.outputs}
+        inputs, updates, temps = [], [], []
+        for op in group:
+            inputs += [t for t in op.inputs if t.index not in produced]
+            updates += op.updates
+            temps += op.outputs
+        updates = _dedup(t for t in updates if t.index not in produced)
+        upd_ids = {t.index for t in updates}
+        inputs = _dedup(t for t in inputs if t.index not in upd_ids)
+        for t in temps:
+            t.dropped = True
+        for t in inputs:
+            if t.kind == "gradient":
+                t.name = f"{pname}.grad"
+        owner = pname.rpartition(".")[0] or ROOT_MODULE
+        op = _RawOp(name, "optimizer", owner, inputs, [], updates, 0.0,
+                    sum(o.bytes_moved for o in group))
+        op.time_us = round(sum(o.time_us for o in group), 3)
+        merged.append(op)
+
+    ids = {}
+    tensors = []
+    for t in low.tensors:
+        if t.dropped or t.pending:
+            continue
+        ids[t.index] = f"t{len(tensors)}"
+        tensors.append(Tensor(id=ids[t.index], bytes=t.bytes, kind=t.kind, name=t.name or None,
+                              shape=t.shape, dtype=t.dtype))
+    ops = []
+    for raw in main + merged:
+        time = raw.time_us if raw.time_us is not None else \
+            kernel_time_us(low.hw, raw.flops, raw.bytes_moved, low.dtype)
+        ops.append(Op(id=f"o{len(ops)}", name=raw.name, phase=raw.phase, time_us=time,
+                      inputs=tuple(ids[t.index] for t in raw.inputs if t.index in ids),
+                      outputs=tuple(ids[t.index] for t in raw.outputs if t.index in ids),
+                      updates=tuple(ids[t.index] for t in raw.updates if t.index in ids),
+                      flops=float(raw.flops), module=raw.module))
+    return tensors, ops
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def trace(model: str, *, batch: int | None = None, seq: int | None = None, dtype: str = "fp32",
+          optimizer: str = "adamw", hardware: str | Hardware = DEFAULT_HARDWARE,
+          name: str | None = None, gpu_kernels: bool = True) -> Profile:
+    """Trace one training step of ``model`` into a Profile.
+
+    Parameters
+    ----------
+    model : a registered name (:data:`tracer.models.MODELS`) or ``"module:callable"``
+        (contract in :mod:`tracer.models`).
+    batch, seq : samples per batch; sequence length (language models) or image side
+        (vision models). None: the model's default.
+    dtype : "fp32", "bf16" or "fp16": parameters, optimizer state, activations and
+        floating inputs all in it (pure low-precision training); kernel times use its
+        peak.
+    optimizer : "adamw" (torch defaults, foreach form) or "sgd" (momentum 0.9).
+    hardware : a preset name, a hardware file, or a Hardware; times the kernels.
+    name : the profile name; default ``<model>-b<batch>[-s<seq>][-<dtype>][-<optimizer>]
+        [-<hardware>][-cpu-kernels]`` (dtype when not fp32, optimizer when not adamw,
+        hardware when not the default preset).
+    gpu_kernels : use the kernels a CUDA run picks (fused dropout, flash/efficient
+        attention); False keeps the CPU's choices.
+
+    Raises
+    ------
+    InputError("<argument>", field, problem) with a one-line problem for an unknown
+    model, a bad ``module:callable``, bad sizes, a dtype the hardware lacks, or a model
+    that fails to trace.
+    """
+    if dtype not in DTYPE_BYTES:
+        raise InputError("<argument>", "dtype",
+                         f"unknown dtype {dtype!r} (use {', '.join(DTYPES)})")
+    if optimizer not in OPTIMIZERS:
+        raise InputError("<argument>", "optimizer",
+                         f"unknown optimizer {optimizer!r} (use {', '.join(OPTIMIZERS)})")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise InputError("<argument>", "name", f"expected a non-empty name, got {name!r}")
+    hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
+    peak_tflops(hw, dtype)  # raises InputError when the GPU lacks the dtype
+    torch = _torch()
+    from tracer import models
+    try:
+        workload = models.build(model, batch=batch, seq=seq)
+        cap = capture(workload, dtype=dtype, optimizer=optimizer, gpu_kernels=gpu_kernels)
+        tensors, ops = lower(cap, hw, dtype, optimizer)
+        source = _source(model, workload, dtype, optimizer, hw, gpu_kernels, torch.__version__)
+        return Profile(name=name or _default_name(workload, dtype, optimizer, hw, gpu_kernels),
+                       tensors=tuple(tensors), ops=tuple(ops), source=source,
+                       origin=f"<trace {model}>")
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError("<argument>", "model",
+                         f"{model} failed to trace: {models._one_line(exc)}") from None
+
+
+def _default_name(workload, dtype, optimizer, hw, gpu_kernels) -> str:
+    parts = [workload.name, f"b{workload.batch}"]
+    if workload.seq is not None:
+        parts.append(f"s{workload.seq}")
+    if dtype != "fp32":
+        parts.append(dtype)
+    if optimizer != "adamw":
+        parts.append(optimizer)
+    if hw.name != DEFAULT_HARDWARE:
+        parts.append(hw.name)
+    if not gpu_kernels:
+        parts.append("cpu-kernels")
+    return "-".join(parts)
+
+
+def _source(model, workload, dtype, optimizer, hw, gpu_kernels, torch_version) -> dict:
+    command = f"swapplan trace {model} --batch {workload.batch}"
+    if workload.seq is not None:
+        command += f" --seq {workload.seq}"
+    command += f" --dtype {dtype} --optimizer {optimizer} --hardware {hw.name}"
+    return {"kind": "traced",
+            "from": f"{command} (torch {torch_version}, make_fx on fake tensors, "
+                    f"{'GPU' if gpu_kernels else 'CPU'} kernel choices)",
+            "timing": f"roofline:{hw.name}", "batch": workload.batch, "seq": workload.seq,
+            "dtype": dtype, "optimizer": optimizer, "model": model,
+            "kernels": "gpu" if gpu_kernels else "cpu"}
+
+
+__all__ = ["trace", "capture", "lower", "TrainStep", "adamw_foreach", "sgd_foreach",
+           "state_names", "OPTIMIZERS", "DTYPES", "DEFAULT_HARDWARE"]
+
