@@ -43,11 +43,11 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
                                                  f"({hardware.gpu.memory_bytes} bytes on {hardware.name})")
     floor, floor_op = budget_floor(profile, spec.moves_persistent)
     if budget_bytes < floor:
-        what = ("weights and optimizer state stay on the GPU with it" if not spec.moves_persistent
-                else "the largest single-op working set")
+        why = (f"op {floor_op!r} needs its working set, and weights and optimizer state stay on the GPU"
+               if not spec.moves_persistent else f"the working set of op {floor_op!r}")
         raise InputError("<argument>", "budget",
                          f"{budget_bytes} bytes is below the smallest budget planner {planner!r} can meet: "
-                         f"{floor} bytes (op {floor_op!r} needs its working set, and {what})")
+                         f"{floor} bytes ({why})")
     started = time.perf_counter()
     draft = spec.func(profile, hardware, budget_bytes, seed=seed, **resolved)
     seconds = time.perf_counter() - started

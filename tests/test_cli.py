@@ -305,3 +305,22 @@ def test_plan_bad_inputs_exit_2(tmp_path):
         result = run("plan", "synth-transformer-l12-b16-s1024", *args)
         assert result.exit_code == 2, (args, result.output)
         assert result.output.startswith("error: ") and message in result.output
+
+
+# ----------------------------------------------------------------------------- trace
+
+
+def test_trace_writes_a_profile(tmp_path):
+    pytest.importorskip("torch", reason="tracing needs the trace extra (torch)")
+    out = tmp_path / "g.json.gz"
+    result = run("trace", "gpt2", "--batch", "1", "--seq", "32", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}: gpt2-b1-s32" in result.output
+    data = json.loads(run("info", str(out), "--json").output)
+    assert data["source"]["kind"] == "traced" and data["ops_by_phase"]["backward"] > 0
+
+
+def test_trace_unknown_model_exit_2(tmp_path):
+    pytest.importorskip("torch", reason="tracing needs the trace extra (torch)")
+    result = run("trace", "alexnet-9000", "-o", str(tmp_path / "x.json"))
+    assert result.exit_code == 2 and "error: <argument>: model: unknown model 'alexnet-9000'" in result.output

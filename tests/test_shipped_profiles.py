@@ -1,0 +1,51 @@
+"""The shipped profiles: all load, real models sit in the regime where swapping matters,
+and they regenerate byte for byte (checked here for the quick ones; `make profiles
+--check` checks all)."""
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from simulator.catalog import open_profile, shipped_profiles_summary
+from simulator.profile import profile_bytes
+from tracer import make_profiles
+
+GIB40 = 40 * 2**30
+
+
+def test_at_least_eight_traced_real_models_and_the_measured_one_ship():
+    kinds = {row["name"]: row["source"] for row in shipped_profiles_summary()}
+    traced = [name for name, kind in kinds.items() if kind == "traced"]
+    assert len(traced) >= 8
+    assert kinds.get(make_profiles.VGG13_NAME) == "measured"
+    assert {"gpt2-b48-s1024", "bert-large-b80-s512", "resnet152-b512-s224", "llama-1b-b12-s2048"} <= set(traced)
+
+
+def test_traced_profiles_peak_between_one_and_three_times_a_40gib_gpu():
+    for row in shipped_profiles_summary():
+        if row["source"] == "traced":
+            assert GIB40 <= row["peak_bytes"] <= 3 * GIB40, row["name"]
+
+
+def test_traced_profiles_are_timed_on_the_a100_roofline_and_labelled():
+    profile = open_profile("gpt2-b48-s1024")
+    assert profile.source["timing"] == "roofline:a100-40gb-pcie4" and profile.source["batch"] == 48
+    kinds = {t.kind for t in profile.tensors}
+    assert kinds == {"weight", "optimizer_state", "activation", "gradient", "input"}
+    assert any(op.updates for op in profile.ops if op.phase == "optimizer")
+    assert sum(op.flops or 0 for op in profile.ops) > 0
+
+
+def _shipped_bytes(recipe) -> bytes:
+    data = make_profiles.shipped_path(recipe.name, recipe.suffix).read_bytes()
+    return gzip.decompress(data) if recipe.suffix.endswith(".gz") else data
+
+
+@pytest.mark.parametrize("name", ["vgg16-b1024-s224", make_profiles.VGG13_NAME])
+def test_shipped_file_equals_a_fresh_regeneration(name):
+    recipe = next(r for r in make_profiles.recipes() if r.name == name)
+    missing = recipe.available()
+    if missing:
+        pytest.skip(missing)
+    assert _shipped_bytes(recipe) == profile_bytes(recipe.build())
