@@ -252,19 +252,22 @@ def check_plan(plan: Plan, profile: Profile) -> None:
     for action in plan.actions:
         if action.kind == "offload":
             copies.setdefault(action.tensor, set()).add(action.to)
+    tensors, op_index, producer = profile.tensor_by_id, profile.op_index, profile.producer
     for i, action in enumerate(plan.actions):
-        where = f"actions[{i}] ({action.label()})"
-        tensor = profile.tensor_by_id.get(action.tensor)
+        tensor = tensors.get(action.tensor)
         if tensor is None:
-            raise InputError(file, f"{where}.tensor", f"unknown tensor {action.tensor!r}")
-        for key in ("after", "before"):
-            op_id = getattr(action, key)
-            if op_id is not None and op_id not in profile.op_index:
-                raise InputError(file, f"{where}.{key}", f"unknown op {op_id!r}")
+            raise InputError(file, f"{_action_where(i, action)}.tensor", f"unknown tensor {action.tensor!r}")
+        for key, op_id in (("after", action.after), ("before", action.before)):
+            if op_id is not None and op_id not in op_index:
+                raise InputError(file, f"{_action_where(i, action)}.{key}", f"unknown op {op_id!r}")
         if action.kind == "prefetch" and action.source not in copies.get(action.tensor, ()):
-            raise InputError(file, where,
+            raise InputError(file, _action_where(i, action),
                              f"prefetch from {action.source} of {action.tensor!r}, which is never "
                              f"offloaded to {action.source} (nor placed there by initial)")
-        if action.kind == "recompute" and profile.producer[action.tensor] is None:
-            raise InputError(file, where,
+        if action.kind == "recompute" and producer[action.tensor] is None:
+            raise InputError(file, _action_where(i, action),
                              f"tensor {action.tensor!r} ({tensor.kind}) has no producer to recompute it")
+
+
+def _action_where(i: int, action: Action) -> str:
+    return f"actions[{i}] ({action.label()})"
