@@ -305,6 +305,7 @@ static int get_buf(PyObject *obj, Buf *b, Py_ssize_t itemsize, Py_ssize_t min_le
 #define NBUF 30
 
 static PyObject *fastsim_run(PyObject *self, PyObject *args) {
+    (void)self;
     PyObject *objs[NBUF];
     Py_ssize_t n_items, n_transfers, n_tensors, n_drops;
     long long budget, cap_host, cap_ssd;
@@ -419,6 +420,6 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastsim",
                                     "The simulator's run loop in C (simulator/fastpath.py packs its input).",
-                                    -1, methods};
+                                    -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__fastsim(void) { return PyModule_Create(&module); }
