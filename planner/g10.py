@@ -58,19 +58,40 @@ Departures (and why):
   window, but an interval whose move would not keep the tensor away during any
   over-budget kernel is skipped: here it would free nothing.
 - The greedy is evaluated lazily (benefits only fall as memory and link time are used;
-  a switch from SSD to host can raise one, which is then taken at its new value).
+  a switch from SSD to host, or link time an advance gives back, can raise one, which is
+  then taken at its new value).
 - Fallback (``fallback``, default on; off gives the rules above alone). The paper's
-  runtime overlaps the write-back of updated persistent tensors with the next iteration
-  and faults in what a prefetch did not bring in time; one simulated iteration can do
-  neither, and its plan would not run. So when the rules leave estimated memory over
-  budget, two more greedy rounds follow over the intervals not taken: first, write-backs
-  across the iteration boundary may run after the last kernel (they lengthen the
-  iteration: its tail); then, a prefetch that cannot be hidden may start in the kernel
-  before its use, which waits for the rest (a planned stall, like a fault). And when the
-  SSD was in play and the rules alone did not fit, the same planner is run without the
-  SSD and the plan the simulator runs faster is kept: an SSD move holds its PCIe
-  direction for its whole duration here (R18), so SSD-first can spend the link time that
-  host moves needed (it does on the shipped profiles).
+  runtime overlaps the write-back of updated persistent tensors with the next iteration,
+  faults in what a prefetch did not bring in time, and stalls a kernel until migrations
+  free its memory; its plan is a schedule the runtime may run late. Here the plan must
+  fit the budget in the estimate itself: the rules place every move inside the link time
+  of the ideal timeline, and where tensors are made faster than the link can write them
+  out (the traced profiles' forward passes: on gpt2-b48-s1024 at 50% of the peak, ~39 GiB
+  must leave before the logits' backward, while PCIe moves 27 GiB in the ideal time up
+  to there) they leave memory over budget; the simulator then finds an op waiting for
+  memory that nothing in flight will free (R10). So when the rules leave estimated memory
+  over budget, up to three more greedy rounds follow, each only if memory is still over:
+  (1) write-backs across the iteration boundary may run after the last kernel (they
+  lengthen the iteration: its tail); (2) a prefetch that cannot be hidden may start in the
+  kernel before its use, which waits for the rest (a planned stall, like a fault); (3) an
+  eviction that cannot be hidden counts as done from the kernel after the last use (also
+  a write-back across the boundary): it takes the link time left in that kernel, and a
+  kernel that needs the memory waits for the rest of the copy (a planned memory stall;
+  the link time it then takes is not booked). In rounds 2 and 3 a move already chosen
+  whose transfers the link time placed so that the tensor is still on the GPU in a kernel
+  over budget (a late eviction, or a prefetch that lands ahead of the op that needs the
+  memory) is a candidate again, to be advanced (eviction at once and/or prefetch at the
+  use, same tier), with benefit = bytes x the over-budget time it newly covers.
+  The estimate counts a tensor on the GPU from the first kernel after its prefetch is
+  issued, and off it no earlier than the first kernel after its eviction is issued; an op
+  waiting for memory lets every copy issued before it end, so a plan whose estimate fits
+  the budget only ever stalls, it does not deadlock (no counter-example on the shipped
+  profiles; before round 3 and the advances, every g10 plan the simulator found
+  infeasible on them had its own estimate over budget).
+  And when the SSD was in play and the rules alone did not fit, the same planner is run
+  without the SSD and the plan the simulator runs faster is kept: an SSD move holds its
+  PCIe direction for its whole duration here (R18), so SSD-first can spend the link time
+  that host moves needed (it does on the shipped profiles).
 - Timing is the ideal timeline; the plan is not re-planned from simulated times.
 """
 from __future__ import annotations
@@ -109,8 +130,10 @@ class Interval:
 class Move:
     """A chosen interval: where it goes and when its transfers run on the ideal timeline.
 
-    The eviction ends during kernel ``evict_end``; the prefetch starts at kernel
-    ``fetch_start`` (issued when op ``fetch_start - 1`` ends, or at the iteration start).
+    The eviction ends during kernel ``evict_end`` (``interval.after`` for an eviction at
+    once: the tensor counts as gone from the next kernel, which waits for the copy if it
+    needs the memory); the prefetch starts at kernel ``fetch_start`` (issued when op
+    ``fetch_start - 1`` ends, or at the iteration start).
     The tensor is away from the GPU during the kernels in ``away`` (two ranges for an
     interval across the iteration boundary).
     """
@@ -123,6 +146,7 @@ class Move:
     benefit: float
     half_out: int | None = None      # kernel by which half the eviction is done
     half_in: int | None = None       # kernel from which the last half of the prefetch runs
+    replaces: "Move | None" = None   # fallback: the chosen move of the same interval it advances
 
     def away(self, n: int) -> list[tuple[int, int]]:
         """Kernel ranges [lo, hi) during which the tensor is off the GPU."""
@@ -220,6 +244,17 @@ class LinkTime:
             return None
         used = np.minimum(self._available(links, start, hi), duration)
         return start, start, Reservation(links, start, used)
+
+    def right_after(self, links, lo: int, hi: int, duration: float):
+        """An eviction that cannot be hidden: it starts at kernel ``lo`` (if that is before
+        ``hi``) and takes the link time left there; the tensor counts as gone from ``lo``
+        on, and a kernel that needs its memory waits for the rest of the copy.
+
+        Returns (``lo - 1``: the eviction counts as ended before ``lo``, ``lo``, Reservation)."""
+        if hi <= lo:
+            return None
+        used = np.minimum(self._available(links, lo, lo + 1), duration)
+        return lo - 1, lo, Reservation(links, lo, used)
 
     def all_left(self, links, lo: int, hi: int) -> Reservation:
         """Every bit of link time left in [lo, hi) (for a transfer longer than that)."""
@@ -335,13 +370,18 @@ class G10State:
         self.links = LinkTime(self.times, hardware)
         self.space = TierSpace(self.n, hardware)
         self.demand_fetch = False  # fallback: prefetches that cannot be hidden start at the use
+        self.demand_evict = False  # fallback: evictions that cannot be hidden count at once
         self.over_after_rules = False
+        self.taken: dict[int, Move] = {}  # interval order -> its chosen move
 
     def over_budget(self) -> bool:
         return bool(np.any(self.memory > self.budget))
 
     def allow_demand_fetch(self) -> None:
         self.demand_fetch = True
+
+    def allow_demand_evict(self) -> None:
+        self.demand_evict = True
 
     # -- tier space held by a move (R19)
 
@@ -354,10 +394,13 @@ class G10State:
 
     # -- scheduling one interval on one tier
 
-    def schedule(self, interval: Interval, tier: str, at_use: bool = False) -> Move | None:
+    def schedule(self, interval: Interval, tier: str, at_use: bool = False,
+                 at_once: bool = False) -> Move | None:
         """Place the eviction and the latest prefetch with the link time left, or None.
         ``at_use`` (fallback): start the prefetch in the kernel before the use instead, so
-        that the use waits for what the link time there does not cover."""
+        that the use waits for what the link time there does not cover. ``at_once``
+        (fallback): the tensor is gone from the kernel after its last use, and a kernel
+        that needs the memory waits for what the link time there does not cover."""
         n = self.n
         nbytes = interval.nbytes
         if interval.after is None:
@@ -368,17 +411,20 @@ class G10State:
         in_us = transfer_us(self.hardware, "prefetch", tier, nbytes)
         if interval.wraps:
             if interval.updated:  # write the updated tensor back, inside the iteration or in its tail
-                evicted = self.links.forward(out_links, interval.after + 1, n + 1, out_us)
+                place = self.links.right_after if at_once else self.links.forward
+                evicted = place(out_links, interval.after + 1, n + 1, out_us)
                 if evicted is None:
                     return None
             else:  # its copy in the tier is still valid: drop it after its last touch (R14)
                 evicted = (interval.after, interval.after + 1, None)
             fetch_from = 0
         else:
-            evicted = self.links.forward(out_links, interval.after + 1, interval.before, out_us)
+            place = self.links.right_after if at_once else self.links.forward
+            evicted = place(out_links, interval.after + 1, interval.before, out_us)
             if evicted is None:
                 return None
-            fetch_from = evicted[0] + 2  # away for at least the kernel after the eviction ends
+            # away for at least the kernel after the eviction ends
+            fetch_from = max(evicted[0], interval.after) + 2
         if at_use:
             fetched = self.links.at_the_use(in_links, fetch_from, interval.before, in_us)
         else:
@@ -408,15 +454,19 @@ class G10State:
 
     def evaluate(self, interval: Interval) -> Move | None:
         """The move the rules choose for this interval now, with its benefit; None if
-        no tier is allowed or the move would free nothing while memory is over budget."""
+        no tier is allowed or the move would free nothing while memory is over budget.
+        For an interval already taken: its advance (fallback), if any."""
+        taken = self.taken.get(interval.order)
+        if taken is not None:
+            return self.advance(taken)
         evict_start = 0 if interval.after is None else interval.after + 1
         held_lo, held_hi = self.held_range(interval, evict_start)
-        placements = (False, True) if self.demand_fetch else (False,)
+        placements = self.placements(interval)
         for tier in rule_tiers(interval, self.hardware, self.rule_factor, self.use_ssd):
             if not self.space.has_room(interval.tensor, tier, interval.nbytes, held_lo, held_hi):
                 continue
-            for at_use in placements:
-                move = self.schedule(interval, tier, at_use)
+            for at_once, at_use in placements:
+                move = self.schedule(interval, tier, at_use, at_once)
                 if move is None:
                     continue
                 away = move.away(self.n)
@@ -425,6 +475,13 @@ class G10State:
                 move.benefit = interval.nbytes * self.benefit_window_us(move)
                 return move
         return None
+
+    def placements(self, interval: Interval) -> list[tuple[bool, bool]]:
+        """(eviction at once, prefetch at the use) pairs to try, hidden moves first."""
+        fetches = (False, True) if self.demand_fetch else (False,)
+        by_drop = interval.wraps and not interval.updated  # a drop frees at once anyway
+        evictions = (False, True) if self.demand_evict and not by_drop else (False,)
+        return [(at_once, at_use) for at_once in evictions for at_use in fetches]
 
     def benefit_window_us(self, move: Move) -> float:
         """Over-budget time between the half-written and the half-read kernels."""
@@ -435,12 +492,83 @@ class G10State:
             return self.over_budget_us(move.half_out, self.n) + self.over_budget_us(0, move.half_in + 1)
         return self.over_budget_us(move.half_out, move.half_in + 1)
 
+    def advance(self, move: Move) -> Move | None:
+        """Fallback: a chosen move whose transfers the link time placed so that the tensor
+        is on the GPU in kernels now over budget: the same move with its eviction made at
+        once and/or its prefetch started at the use, whichever covers the most over-budget
+        time it did not; None if neither covers any (or the fallback is not on)."""
+        iv = move.interval
+        if iv.after is None:
+            return None
+        evict_at_once = self.demand_evict and move.evict_end > iv.after
+        fetch_at_use = self.demand_fetch and move.fetch_start < iv.before - 1
+        options = [(at_once, at_use) for at_once in (False, True) for at_use in (False, True)
+                   if (at_once or at_use) and (evict_at_once or not at_once) and (fetch_at_use or not at_use)]
+        if not options:
+            return None
+        was_away = self.away_mask(move)
+        best = None
+        self.links.give_back(move.evict_use)
+        self.links.give_back(move.fetch_use)
+        try:
+            for at_once, at_use in options:
+                new = self.reschedule(move, at_once, at_use)
+                if new is None:
+                    continue
+                gained = self.away_mask(new) & ~was_away & (self.memory > self.budget)
+                new.benefit = iv.nbytes * float(self.times[gained].sum())
+                if new.benefit > 0 and (best is None or new.benefit > best.benefit):
+                    best = new
+        finally:
+            self.links.take(move.evict_use)
+            self.links.take(move.fetch_use)
+        return best
+
+    def reschedule(self, move: Move, at_once: bool, at_use: bool) -> Move | None:
+        """``move`` with its eviction at once and/or its prefetch at the use, the other
+        transfer kept (its link time given back by the caller)."""
+        iv = move.interval
+        if at_once:
+            evicted = self.links.right_after(self.links.links("offload", move.tier), iv.after + 1,
+                                             self.n + 1 if iv.wraps else iv.before,
+                                             transfer_us(self.hardware, "offload", move.tier, iv.nbytes))
+            if evicted is None:
+                return None
+        else:
+            evicted = (move.evict_end, move.half_out, move.evict_use)
+        if at_use:
+            fetch_from = 0 if iv.wraps else max(evicted[0], iv.after) + 2
+            in_links = self.links.links("prefetch", move.tier)
+            in_us = transfer_us(self.hardware, "prefetch", move.tier, iv.nbytes)
+            fetched = self._with(evicted[2], lambda: self.links.at_the_use(in_links, fetch_from, iv.before, in_us))
+            if fetched is None:
+                return None
+        else:
+            fetched = (move.fetch_start, move.half_in, move.fetch_use)
+        return Move(iv, move.tier, evicted[0], fetched[0], evicted[2], fetched[2], 0.0,
+                    half_out=evicted[1], half_in=fetched[1], replaces=move)
+
+    def away_mask(self, move: Move) -> np.ndarray:
+        mask = np.zeros(self.n, dtype=bool)
+        for lo, hi in move.away(self.n):
+            mask[lo:hi] = True
+        return mask
+
     def commit(self, move: Move) -> None:
         iv = move.interval
+        old = move.replaces
+        if old is None:
+            evict_start = 0 if iv.after is None else iv.after + 1
+            self.space.hold(iv.tensor, move.tier, iv.nbytes, *self.held_range(iv, evict_start))
+        else:  # an advance: undo the move it replaces (same tier, same space held)
+            self.links.give_back(old.evict_use)
+            self.links.give_back(old.fetch_use)
+            for lo, hi in old.away(self.n):
+                self.memory[lo:hi] += iv.nbytes
+            move.replaces = None
+        self.taken[iv.order] = move
         self.links.take(move.evict_use)
         self.links.take(move.fetch_use)
-        evict_start = 0 if iv.after is None else iv.after + 1
-        self.space.hold(iv.tensor, move.tier, iv.nbytes, *self.held_range(iv, evict_start))
         for lo, hi in move.away(self.n):
             self.memory[lo:hi] -= iv.nbytes
 
@@ -452,10 +580,11 @@ class G10State:
         iv = move.interval
         if iv.after is None:
             return
-        earliest = 0 if iv.wraps else move.evict_end + 1
-        start = move.fetch_start
-        while start > earliest and self.memory[start - 1] + iv.nbytes <= limit_bytes:
-            start -= 1
+        earliest = 0 if iv.wraps else max(move.evict_end + 1, iv.after + 2)
+        if earliest >= move.fetch_start:
+            return
+        too_full = np.flatnonzero(self.memory[earliest:move.fetch_start] + iv.nbytes > limit_bytes)
+        start = earliest + (int(too_full[-1]) + 1 if too_full.size else 0)
         if start == move.fetch_start:
             return
         links = move.fetch_use.links
@@ -471,16 +600,16 @@ class G10State:
 # ----------------------------------------------------------------------------- greedy
 
 
-def choose_moves(state: G10State, intervals: list[Interval]) -> list[Move]:
+def choose_moves(state: G10State, intervals: list[Interval]) -> None:
     """The benefit-ordered greedy, evaluated lazily: benefits only fall as moves are
-    taken, so a re-evaluated head that still beats the next entry is the best."""
+    taken, so a re-evaluated head that still beats the next entry is the best. The chosen
+    moves are in ``state.taken``; an interval taken stays a candidate for its advance."""
     heap = []
     for interval in intervals:
         move = state.evaluate(interval)
         if move is not None and move.benefit > 0:
             heap.append(_key(move) + (interval,))
     heapq.heapify(heap)
-    chosen: list[Move] = []
     while heap:
         *_, interval = heapq.heappop(heap)
         move = state.evaluate(interval)
@@ -491,8 +620,9 @@ def choose_moves(state: G10State, intervals: list[Interval]) -> list[Move]:
             heapq.heappush(heap, key + (interval,))
             continue
         state.commit(move)
-        chosen.append(move)
-    return chosen
+        again = state.evaluate(interval)  # its advance, in the fallback rounds
+        if again is not None and again.benefit > 0:
+            heapq.heappush(heap, _key(again) + (interval,))
 
 
 def _key(move: Move) -> tuple:
@@ -525,18 +655,18 @@ def to_actions(profile, moves: list[Move]) -> tuple[list, dict[str, str]]:
 
 def g10_moves(profile, hardware, budget_bytes: int, rule_factor: float, eager_limit: float,
               use_ssd: bool, fallback: bool) -> tuple[list[Move], G10State]:
-    """G10's greedy (and, with ``fallback``, its two fallback rounds), then eager prefetch."""
+    """G10's greedy (and, with ``fallback``, its three fallback rounds), then eager prefetch."""
     state = G10State(profile, hardware, budget_bytes, rule_factor, use_ssd)
     intervals = candidate_intervals(profile, state.starts)
-    moves = choose_moves(state, intervals)
+    choose_moves(state, intervals)
     state.over_after_rules = state.over_budget()
     if fallback:
-        for widen in (state.links.open_tail, state.allow_demand_fetch):
+        for widen in (state.links.open_tail, state.allow_demand_fetch, state.allow_demand_evict):
             if not state.over_budget():
                 break
             widen()
-            taken = {move.interval.order for move in moves}
-            moves += choose_moves(state, [iv for iv in intervals if iv.order not in taken])
+            choose_moves(state, intervals)
+    moves = list(state.taken.values())
     for move in sorted(moves, key=lambda m: (-1 if m.interval.before is None else m.interval.before,
                                              m.interval.wraps, m.interval.order)):
         state.prefetch_earlier(move, eager_limit * budget_bytes)
@@ -571,7 +701,7 @@ def better_by_simulation(profile, hardware, budget_bytes, drafts: list[Draft]) -
         Param("rule_factor", 2.5, "an interval must be this many times a move's latency + transfer time"),
         Param("eager_limit", 0.99, "move prefetches earlier while estimated memory stays below this x budget"),
         Param("fallback", True, "if G10's rules leave memory over budget: tail write-backs, unhidden "
-                                "prefetches, and a host-only plan if that runs faster"),
+                                "prefetches and evictions, and a host-only plan if that runs faster"),
     ),
     moves_persistent=True,
     paper="Zhang et al., G10: Enabling An Efficient Unified GPU Memory and Storage Architecture "
