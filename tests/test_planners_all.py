@@ -14,13 +14,15 @@ from simulator.hardware import load_hardware
 from simulator.plan import plan_json
 
 PROFILES = ["synth-mlp-l16-w8192-b1024", "synth-cnn-l16-w128-b64-s224", "synth-transformer-l12-b16-s1024"]
+# Real models (traced, and measured on an H100): every planner at its defaults.
+REAL = ["gpt2-b48-s1024", "resnet50-b1024-s224", "vgg13-b512-h100-measured"]
 FRACTIONS = [0.9, 0.7, 0.5, 0.3]
 HW = load_hardware("a100-40gb-pcie4")
 
 
 @pytest.fixture(scope="module")
 def profiles():
-    return {name: open_profile(name) for name in PROFILES}
+    return {name: open_profile(name) for name in PROFILES + REAL}
 
 
 # Every planner at its defaults, and the parameter settings that change what it does.
@@ -31,8 +33,12 @@ VARIANTS = [(spec.name, {}) for spec in planners()] + [
 ]
 
 
-@pytest.mark.parametrize("planner, params", VARIANTS, ids=[f"{n}{p or ''}" for n, p in VARIANTS])
-@pytest.mark.parametrize("profile_name", PROFILES)
+CASES = [(name, planner, params) for name in PROFILES for planner, params in VARIANTS] + \
+        [(name, spec.name, {}) for name in REAL for spec in planners()]
+
+
+@pytest.mark.parametrize("profile_name, planner, params", CASES,
+                         ids=[f"{name}-{planner}{params or ''}" for name, planner, params in CASES])
 def test_plans_are_valid_and_within_budget_or_marked_infeasible(profiles, planner, params, profile_name):
     profile = profiles[profile_name]
     spec = get_planner(planner)
