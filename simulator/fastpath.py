@@ -89,18 +89,15 @@ def run_fast(profile: Profile, program: Program, hardware: Hardware, budget: int
     act_item, act_code = _pairs(program.actions, action_code)
     start_codes = array("i", [position[id(t)] for t in program.start_actions])
     drop_off, drop_idx = _csr([[position[id(t)] for t in d.offloads] for d in drops])
-    t_kind, t_tensor, t_source = array("b"), array("i"), array("i")
-    t_last_reader, t_mask, t_tier = array("i"), array("b"), array("b")
-    t_bytes, t_duration = array("q"), array("d")
-    for t in transfers:
-        t_kind.append(0 if t.kind == "offload" else 1)
-        t_tensor.append(index[t.tensor])
-        t_source.append(-1 if t.source is None else position[id(t.source)])
-        t_last_reader.append(t.last_reader)
-        t_mask.append(_MASK[t.queues])
-        t_tier.append(_TIER[t.tier])
-        t_bytes.append(t.nbytes)
-        t_duration.append(t.duration_us)
+    ts = transfers  # one comprehension per array: faster here than appending field by field
+    t_kind = array("b", [t.kind == "prefetch" for t in ts])
+    t_tensor = array("i", [index[t.tensor] for t in ts])
+    t_source = array("i", [-1 if t.source is None else position[id(t.source)] for t in ts])
+    t_last_reader = array("i", [t.last_reader for t in ts])
+    t_mask = array("b", [_MASK[t.queues] for t in ts])
+    t_tier = array("b", [_TIER[t.tier] for t in ts])
+    t_bytes = array("q", [t.nbytes for t in ts])
+    t_duration = array("d", [t.duration_us for t in ts])
     copies = list(program.initial_copies.items())
     ssd = hardware.ssd
     out = _fastsim.run(
