@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from simulator import fastpath
 from simulator.engine import simulate
 from simulator.program import compile_program
-from simulator.plan import Plan, drop, recompute
+from simulator.errors import InputError
+from simulator.plan import Action, Plan, drop, recompute
 from tests.conftest import make_profile
 from tests.engine_helpers import machine
 from tests.plans import idle_gaps, swap_plan
@@ -158,3 +159,52 @@ def test_fast_path_is_built_where_a_compiler_is():
     if not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler here: the C run loop is optional and the reference loop is used")
     assert fastpath.available()
+
+
+@st.composite
+def arbitrary_plans(draw):
+    """Any structurally well-formed plan over a random profile: actions of random kinds on
+    random tensors and ops, most of them breaking some rule."""
+    profile = draw(profiles())
+    tensor_ids = [t.id for t in profile.tensors]
+    op_ids = [op.id for op in profile.ops]
+    persistent = [t.id for t in profile.tensors if t.persistent]
+    actions = []
+    for _ in range(draw(st.integers(0, 8))):
+        kind = draw(st.sampled_from(["offload", "prefetch", "drop", "recompute"]))
+        tid = draw(st.sampled_from(tensor_ids)) if tensor_ids else None
+        if tid is None:
+            break
+        after = draw(st.sampled_from(op_ids))
+        before = draw(st.sampled_from(op_ids))
+        tier = draw(st.sampled_from(["host", "ssd"]))
+        if kind == "offload":
+            actions.append(Action("offload", tid, to=tier, after=draw(st.sampled_from([after, None]))))
+        elif kind == "prefetch":
+            actions.append(Action("prefetch", tid, source=tier, after=draw(st.sampled_from([after, None])),
+                                  before=draw(st.sampled_from([before, None]))))
+        elif kind == "drop":
+            actions.append(drop(tid, after))
+        else:
+            actions.append(recompute(tid, before))
+    initial = {tid: draw(st.sampled_from(["host", "ssd"]))
+               for tid in draw(st.lists(st.sampled_from(persistent), unique=True, max_size=2))} if persistent else {}
+    return profile, Plan(profile.name, tuple(actions), initial=initial)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arbitrary_plans(), st.sampled_from(MACHINES), st.integers(0, 400))
+def test_any_plan_gives_a_result_or_an_input_error(scenario, hw, budget):
+    """Broken plans are reported (invalid with a rule, or an InputError for structure),
+    never a crash; both loops agree on them."""
+    profile, plan = scenario
+    try:
+        reference = simulate(profile, plan, hw, budget, reference=True)
+    except InputError:
+        return
+    fast = simulate(profile, plan, hw, budget)
+    assert fast.to_dict() == reference.to_dict()
+    if not reference.valid:
+        assert reference.rule and reference.reason
+    elif not reference.feasible:
+        assert reference.rule in ("R10", "R19") and reference.reason
