@@ -278,14 +278,6 @@ def import_group() -> None:
     """Turn measured traces into profiles."""
 
 
-def _profile_name(output: str) -> str:
-    name = output.rsplit("/", 1)[-1]
-    for suffix in (".json.gz", ".json", ".yaml", ".yml"):
-        if name.lower().endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
 @import_group.command("kineto")
 @click.argument("trace")
 @click.option("--et", "et_path", default=None, help="The PyTorch Execution Trace of the same run: real "
@@ -301,7 +293,7 @@ def import_kineto_cmd(trace, et_path, iteration, name, output) -> None:
     from simulator.profile import save_profile
     from tracer.kineto import import_kineto
 
-    profile = import_kineto(trace, et_path=et_path, iteration=iteration, name=name or _profile_name(output))
+    profile = import_kineto(trace, et_path=et_path, iteration=iteration, name=name or catalog.profile_stem(output))
     save_profile(profile, output)
     click.echo(f"wrote {output}: {profile.name}, {len(profile.ops)} ops, {len(profile.tensors)} tensors, "
                f"peak {format_bytes(profile.peak_bytes)}, ideal {format_us(profile.ideal_us)} (measured)")

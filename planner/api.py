@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from simulator.engine import simulate
+from simulator.engine import check_budget, simulate
 from simulator.errors import InputError
 from simulator.hardware import Hardware
 from simulator.plan import Plan, PlannerInfo
@@ -38,9 +38,7 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     """
     spec = get_planner(planner)
     resolved = spec.resolve(params or {})
-    if budget_bytes > hardware.gpu.memory_bytes:
-        raise InputError("<argument>", "budget", f"{budget_bytes} bytes is more than the GPU's memory "
-                                                 f"({hardware.gpu.memory_bytes} bytes on {hardware.name})")
+    check_budget(budget_bytes, hardware)
     floor, floor_op = budget_floor(profile, spec.moves_persistent)
     if budget_bytes < floor:
         why = (f"op {floor_op!r} needs its working set, and weights and optimizer state stay on the GPU"

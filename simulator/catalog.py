@@ -22,8 +22,9 @@ def shipped_profile_paths() -> list[Path]:
                   if p.is_file() and p.name.lower().endswith(_SUFFIXES))
 
 
-def _stem(path: Path) -> str:
-    name = path.name
+def profile_stem(path: str | Path) -> str:
+    """A profile file's name without its format suffix (``gpt2.json.gz`` -> ``gpt2``)."""
+    name = Path(path).name
     for suffix in _SUFFIXES:
         if name.lower().endswith(suffix):
             return name[: -len(suffix)]
@@ -39,9 +40,9 @@ def resolve_profile(spec: str | Path) -> Path:
     if path.exists() or path.name.lower().endswith(_SUFFIXES):
         return path
     for candidate in shipped_profile_paths():
-        if _stem(candidate) == str(spec):
+        if profile_stem(candidate) == str(spec):
             return candidate
-    names = ", ".join(_stem(p) for p in shipped_profile_paths()) or "none"
+    names = ", ".join(profile_stem(p) for p in shipped_profile_paths()) or "none"
     raise InputError(str(spec), "", f"no such file, and no shipped profile of that name (shipped: {names})")
 
 

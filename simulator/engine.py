@@ -35,6 +35,11 @@ def resolve_budget(budget_bytes: int | None, plan: Plan, hardware: Hardware) -> 
     budget = budget_bytes if budget_bytes is not None else plan.budget_bytes
     if budget is None:
         return hardware.gpu.memory_bytes
+    return check_budget(budget, hardware)
+
+
+def check_budget(budget: int, hardware: Hardware) -> int:
+    """A budget is a byte count from 0 up to the GPU's memory (R2); InputError otherwise."""
     if budget > hardware.gpu.memory_bytes:
         raise InputError("<argument>", "budget",
                          f"{budget} bytes is more than the GPU's memory ({hardware.gpu.memory_bytes} bytes "
