@@ -1,4 +1,4 @@
-"""Builds the optional C run loop of the simulator (simulator/_fastsim.c).
+"""Builds the optional C fast path of the simulator (simulator/_fastsim.c).
 
 Everything else is declared in pyproject.toml. The extension is optional: without a
 C compiler the install still succeeds and the simulator uses its pure-Python path.

@@ -2,7 +2,7 @@
 (target: <= 5 ms median), and how the time grows with ops + actions up to 100,000 ops.
 
 Times are whole ``simulate`` calls (structural check, static compile and run), on the
-default path (the C run loop when built) and on the pure-Python reference loop; the
+default path (compile and run in C when built) and on the pure-Python reference; the
 two results are checked to be identical first.
 
 Run: ``.venv/bin/python benchmarks/bench_engine.py [--quick]``.
@@ -47,7 +47,7 @@ def case(layers: int, transfers: int, repeat: int) -> None:
     line = f"{len(profile.ops):>7,} ops {n_actions:>7,} transfers:"
     for label, kwargs, reps in (("simulate", {}, repeat), ("reference", {"reference": True}, max(3, repeat // 4))):
         if label == "simulate" and not fastpath.available():
-            label = "simulate (no C loop built)"
+            label = "simulate (no C fast path built)"
         ms = median_ms(lambda: simulate(profile, plan, hw, **kwargs), reps)
         line += f"  {label} median {ms:8.2f} ms ({ms * 1e3 / (len(profile.ops) + n_actions):5.2f} us/op+action)"
     print(line, flush=True)

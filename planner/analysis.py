@@ -10,13 +10,16 @@ from dataclasses import dataclass
 from simulator.profile import Profile
 
 
-def op_start_us(profile: Profile) -> list[float]:
+def op_start_us(profile: Profile) -> tuple[float, ...]:
     """Start time of each op when nothing stalls (the ideal timeline); one extra entry
-    at the end holds the ideal iteration time."""
-    starts = [0.0]
-    for op in profile.ops:
-        starts.append(starts[-1] + op.time_us)
-    return starts
+    at the end holds the ideal iteration time. Built once per profile."""
+    memo = profile.__dict__.get("_op_start_us")
+    if memo is None:
+        starts = [0.0]
+        for op in profile.ops:
+            starts.append(starts[-1] + op.time_us)
+        memo = profile.__dict__["_op_start_us"] = tuple(starts)
+    return memo
 
 
 def touches(profile: Profile, tid: str) -> list[int]:
@@ -43,7 +46,7 @@ class Gap:
         return self.end_us - self.start_us
 
 
-def idle_gaps(profile: Profile, tid: str, starts: list[float] | None = None) -> list[Gap]:
+def idle_gaps(profile: Profile, tid: str, starts: tuple[float, ...] | None = None) -> list[Gap]:
     """The tensor's gaps between consecutive touches that contain at least one other op.
 
     Only gaps inside the iteration; a persistent tensor's gap across the iteration

@@ -18,7 +18,7 @@ from collections import deque
 from contextlib import contextmanager
 
 from .errors import InputError
-from .fastpath import run_fast
+from .fastpath import simulate_fast
 from .hardware import Hardware
 from .plan import Plan, check_plan
 from .profile import Profile
@@ -57,9 +57,9 @@ def simulate(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int
     ----------
     budget_bytes : the GPU memory budget; None takes the plan's, then the GPU's (R2).
     record : keep a Timeline (spans and memory samples) in ``result.timeline``.
-    reference : always use the pure-Python run loop. Otherwise a run without ``record``
-        goes through the C loop (simulator/fastpath.py) when it is built, and falls back
-        to the reference loop to explain a run that is invalid or infeasible.
+    reference : always use the pure-Python compile and run loop. Otherwise a run without
+        ``record`` goes through the C simulator (simulator/fastpath.py) when it is built,
+        and falls back to the reference to explain a plan that is invalid or infeasible.
 
     Returns
     -------
@@ -74,15 +74,15 @@ def simulate(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int
     check_plan(plan, profile)
     budget = resolve_budget(budget_bytes, plan, hardware)
     with _gc_paused():
+        if not (record or reference):
+            result = simulate_fast(profile, plan, hardware, budget)
+            if result is not None:
+                return result
         try:
             program = compile_program(profile, plan, hardware)
         except PlanInvalid as exc:
             return Result(valid=False, feasible=False, rule=exc.rule, op=exc.op, tensor=exc.tensor,
                           reason=exc.reason, budget_bytes=budget, ideal_us=profile.ideal_us)
-        if not (record or reference):
-            result = run_fast(profile, program, hardware, budget)
-            if result is not None:
-                return result
         return _Run(profile, program, hardware, budget, record).run()
 
 

@@ -245,6 +245,8 @@ def check_plan(plan: Plan, profile: Profile) -> None:
         tensor = profile.tensor_by_id.get(tid)
         if tensor is None:
             raise InputError(file, f"initial.{tid}", f"unknown tensor {tid!r}")
+        if tier not in TIERS:
+            raise InputError(file, f"initial.{tid}", f"must be one of {', '.join(TIERS)}, not {tier!r}")
         if not tensor.persistent:
             raise InputError(file, f"initial.{tid}",
                              f"only persistent tensors can start off the GPU; {tid!r} is {tensor.kind} (R20)")
@@ -254,6 +256,9 @@ def check_plan(plan: Plan, profile: Profile) -> None:
             copies.setdefault(action.tensor, set()).add(action.to)
     tensors, op_index, producer = profile.tensor_by_id, profile.op_index, profile.producer
     for i, action in enumerate(plan.actions):
+        problem = _field_problem(action)
+        if problem is not None:
+            raise InputError(file, f"{_action_where(i, action)}.{problem[0]}", problem[1])
         tensor = tensors.get(action.tensor)
         if tensor is None:
             raise InputError(file, f"{_action_where(i, action)}.tensor", f"unknown tensor {action.tensor!r}")
@@ -267,6 +272,22 @@ def check_plan(plan: Plan, profile: Profile) -> None:
         if action.kind == "recompute" and producer[action.tensor] is None:
             raise InputError(file, _action_where(i, action),
                              f"tensor {action.tensor!r} ({tensor.kind}) has no producer to recompute it")
+
+
+def _field_problem(action: Action) -> tuple[str, str] | None:
+    """The fields the schema requires of each kind, for plans built in memory (a file's
+    plan was already checked against the schema): (field, problem) or None."""
+    if action.kind not in ACTION_KINDS:
+        return "kind", f"unknown action kind {action.kind!r} (one of {', '.join(ACTION_KINDS)})"
+    if action.kind == "offload" and action.to not in TIERS:
+        return "to", f"must be one of {', '.join(TIERS)}, not {action.to!r}"
+    if action.kind == "prefetch" and action.source not in TIERS:
+        return "from", f"must be one of {', '.join(TIERS)}, not {action.source!r}"
+    if action.kind == "drop" and action.after is None:
+        return "after", "a drop needs the op after which it happens"
+    if action.kind == "recompute" and action.before is None:
+        return "before", "a recompute needs the op it runs before"
+    return None
 
 
 def _action_where(i: int, action: Action) -> str:

@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 
 from simulator import fastpath
 from simulator.engine import simulate
-from simulator.program import compile_program
 from simulator.errors import InputError
 from simulator.plan import Action, Plan, drop, recompute
+from simulator.profile import order_violation
 from tests.conftest import make_profile
 from tests.engine_helpers import machine
 from tests.plans import idle_gaps, swap_plan
@@ -140,13 +140,13 @@ def test_replay_gives_the_same_result(scenario):
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_fast_path_agrees_with_the_reference(scenario):
-    """The C loop alone (no fallback): a result equal to the reference's when the
-    reference succeeds, and 'not ok' (None) exactly when it does not."""
+    """The C simulator alone (compile and run, no fallback): a result equal to the
+    reference's when the reference succeeds, and 'not ok' (None) exactly when it does not."""
     profile, plan, hw, budget = scenario
     reference = simulate(profile, plan, hw, budget, reference=True)
-    if not reference.valid or not fastpath.available():
+    if not fastpath.available():
         return
-    fast = fastpath.run_fast(profile, compile_program(profile, plan, hw), hw, budget)
+    fast = fastpath.simulate_fast(profile, plan, hw, budget)
     if reference.ok:
         assert fast is not None and fast.to_dict() == reference.to_dict()
     else:
@@ -157,7 +157,7 @@ def test_fast_path_is_built_where_a_compiler_is():
     import shutil
 
     if not (shutil.which("cc") or shutil.which("gcc")):
-        pytest.skip("no C compiler here: the C run loop is optional and the reference loop is used")
+        pytest.skip("no C compiler here: the C fast path is optional and the reference is used")
     assert fastpath.available()
 
 
@@ -189,7 +189,15 @@ def arbitrary_plans(draw):
             actions.append(recompute(tid, before))
     initial = {tid: draw(st.sampled_from(["host", "ssd"]))
                for tid in draw(st.lists(st.sampled_from(persistent), unique=True, max_size=2))} if persistent else {}
-    return profile, Plan(profile.name, tuple(actions), initial=initial)
+    schedule = None
+    if draw(st.booleans()):  # a reordered schedule: random swaps of neighbours that keep it valid
+        order = [op.id for op in profile.ops]
+        for i in draw(st.lists(st.integers(0, max(len(order) - 2, 0)), max_size=10)):
+            swapped = order[:i] + order[i:i + 2][::-1] + order[i + 2:]
+            if order_violation(profile, swapped) is None:
+                order = swapped
+        schedule = tuple(order)
+    return profile, Plan(profile.name, tuple(actions), initial=initial, schedule=schedule)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -204,6 +212,9 @@ def test_any_plan_gives_a_result_or_an_input_error(scenario, hw, budget):
         return
     fast = simulate(profile, plan, hw, budget)
     assert fast.to_dict() == reference.to_dict()
+    if fastpath.available():  # the C simulator alone: None exactly when the plan fails
+        alone = fastpath.simulate_fast(profile, plan, hw, budget)
+        assert (alone is None) if not reference.ok else (alone.to_dict() == reference.to_dict())
     if not reference.valid:
         assert reference.rule and reference.reason
     elif not reference.feasible:

@@ -9,7 +9,6 @@ import pytest
 
 from simulator import fastpath
 from simulator.engine import simulate as engine_simulate
-from simulator.program import compile_program
 from simulator.errors import InputError
 from simulator.plan import drop, offload, prefetch, recompute
 from tests.conftest import make_profile
@@ -19,14 +18,14 @@ HW = machine()
 
 
 def simulate(profile, plan, hardware, budget_bytes=None, record=False):
-    """Every test here runs both loops: the reference (returned, with its timeline when
-    asked) and the C loop, which must give the same result when the run succeeds and
-    report failure (None) when it does not."""
+    """Every test here runs both paths: the pure-Python reference (returned, with its
+    timeline when asked) and the C simulator alone (compile and run), which must give
+    the same result when the plan is valid and feasible and report failure (None) when
+    it is not."""
     reference = engine_simulate(profile, plan, hardware, budget_bytes, record=record, reference=True)
     assert engine_simulate(profile, plan, hardware, budget_bytes).to_dict() == reference.to_dict()
-    if reference.valid and fastpath.available():
-        fast = fastpath.run_fast(profile, compile_program(profile, plan, hardware), hardware,
-                                 reference.budget_bytes)
+    if fastpath.available():
+        fast = fastpath.simulate_fast(profile, plan, hardware, reference.budget_bytes)
         assert (fast is None) if not reference.ok else (fast.to_dict() == reference.to_dict())
     return reference
 

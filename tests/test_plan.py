@@ -7,7 +7,7 @@ import pytest
 
 from simulator.errors import InputError
 from simulator.plan import (
-    Plan, PlannerInfo, check_plan, drop, empty_plan, load_plan, offload, plan_from_dict, plan_json,
+    Action, Plan, PlannerInfo, check_plan, drop, empty_plan, load_plan, offload, plan_from_dict, plan_json,
     prefetch, recompute, save_plan,
 )
 from simulator.profile import profile_sha256
@@ -128,6 +128,25 @@ def test_check_recompute_without_producer(two_layer):
 def test_check_initial_non_persistent(two_layer):
     assert "initial.a1: only persistent tensors can start off the GPU" in _check_error(
         _plan(two_layer, initial={"a1": "host"}), two_layer)
+
+
+@pytest.mark.parametrize("action, where, words", [
+    (Action("swap", "a1", after="f1"), "actions[0] (swap a1).kind", "unknown action kind 'swap'"),
+    (Action("offload", "a1", to="disk", after="f1"), "actions[0] (offload a1).to", "not 'disk'"),
+    (Action("prefetch", "a1", after="f1", before="b1"), "actions[0] (prefetch a1).from", "not None"),
+    (Action("drop", "a1"), "actions[0] (drop a1).after", "needs the op after which"),
+    (Action("recompute", "a1"), "actions[0] (recompute a1).before", "needs the op it runs before"),
+])
+def test_check_fields_of_plans_built_in_memory(two_layer, action, where, words):
+    """Plans from files meet the schema; plans that planners build in memory are held
+    to the same fields by check_plan."""
+    message = _check_error(_plan(two_layer, [action]), two_layer)
+    assert f"{where}: " in message and words in message
+
+
+def test_check_initial_tier(two_layer):
+    assert "initial.w1: must be one of host, ssd, not 'gpu'" in _check_error(
+        _plan(two_layer, initial={"w1": "gpu"}), two_layer)
 
 
 def test_check_initial_unknown(two_layer):
