@@ -71,9 +71,9 @@ def simulate(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int
     InputError for structural problems (unknown ids, a plan for another profile, a
     schedule that breaks dependencies) and a budget above the GPU's memory.
     """
-    check_plan(plan, profile)
-    budget = resolve_budget(budget_bytes, plan, hardware)
     with _gc_paused():
+        check_plan(plan, profile)
+        budget = resolve_budget(budget_bytes, plan, hardware)
         if not (record or reference):
             result = simulate_fast(profile, plan, hardware, budget)
             if result is not None:

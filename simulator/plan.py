@@ -23,7 +23,7 @@ ACTION_KINDS = ("offload", "prefetch", "drop", "recompute")
 TIERS = ("host", "ssd")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Action:
     """One plan step. ``after`` / ``before`` are op ids (None: iteration start / end).
 
@@ -250,10 +250,8 @@ def check_plan(plan: Plan, profile: Profile) -> None:
         if not tensor.persistent:
             raise InputError(file, f"initial.{tid}",
                              f"only persistent tensors can start off the GPU; {tid!r} is {tensor.kind} (R20)")
-    copies: dict[str, set[str]] = {tid: {tier} for tid, tier in plan.initial.items()}
-    for action in plan.actions:
-        if action.kind == "offload":
-            copies.setdefault(action.tensor, set()).add(action.to)
+    copies = set(plan.initial.items())  # (tensor, tier) pairs that some copy is written to
+    copies.update((a.tensor, a.to) for a in plan.actions if a.kind == "offload")
     tensors, op_index, producer = profile.tensor_by_id, profile.op_index, profile.producer
     for i, action in enumerate(plan.actions):
         problem = _field_problem(action)
@@ -265,7 +263,7 @@ def check_plan(plan: Plan, profile: Profile) -> None:
         for key, op_id in (("after", action.after), ("before", action.before)):
             if op_id is not None and op_id not in op_index:
                 raise InputError(file, f"{_action_where(i, action)}.{key}", f"unknown op {op_id!r}")
-        if action.kind == "prefetch" and action.source not in copies.get(action.tensor, ()):
+        if action.kind == "prefetch" and (action.tensor, action.source) not in copies:
             raise InputError(file, _action_where(i, action),
                              f"prefetch from {action.source} of {action.tensor!r}, which is never "
                              f"offloaded to {action.source} (nor placed there by initial)")

@@ -33,7 +33,7 @@ _OP_FIELDS = {"id", "name", "phase", "time_us", "inputs", "outputs", "updates",
 _TOP_FIELDS = {"format", "name", "source", "tensors", "ops"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Tensor:
     """A swappable buffer (one storage): its size and what it is."""
     id: str
@@ -59,7 +59,7 @@ class Tensor:
         return data
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Op:
     """One kernel (or fused group) of the iteration."""
     id: str
