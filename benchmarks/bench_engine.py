@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from simulator import fastpath  # noqa: E402
 from simulator.engine import simulate  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402
+from simulator.plan import check_plan  # noqa: E402
 from tests.plans import swap_plan, swappable  # noqa: E402
 from tracer.synthetic import synthesize  # noqa: E402
 
@@ -51,12 +52,22 @@ def case(layers: int, transfers: int, repeat: int) -> None:
         ms = median_ms(lambda: simulate(profile, plan, hw, **kwargs), reps)
         line += f"  {label} median {ms:8.2f} ms ({ms * 1e3 / (len(profile.ops) + n_actions):5.2f} us/op+action)"
     print(line, flush=True)
+    return profile, plan, hw
+
+
+def split(profile, plan, hw, repeat: int) -> None:
+    """Where a fast call's time goes: the structural check, then packing + C (+ Result)."""
+    if not fastpath.available():
+        return
+    check = median_ms(lambda: check_plan(plan, profile), repeat)
+    fast = median_ms(lambda: fastpath.simulate_fast(profile, plan, hw, hw.gpu.memory_bytes), repeat)
+    print(f"  of which check_plan {check:.2f} ms, packing + C compile and run {fast:.2f} ms", flush=True)
 
 
 def main() -> None:
     quick = "--quick" in sys.argv
     print("target case (~1,300 ops, ~1,000 transfers):")
-    case(layers=40, transfers=1000, repeat=101)
+    split(*case(layers=40, transfers=1000, repeat=101), repeat=101)
     print("scaling:")
     for layers in ((12, 120, 600) if quick else (12, 120, 1200, 3000)):
         case(layers=layers, transfers=layers * 25, repeat=5 if layers < 1000 else 3)
