@@ -1,8 +1,10 @@
 """The discrete-event simulation of one iteration: GPU compute, PCIe, host and SSD.
 
 ``simulate(profile, plan, hardware)`` compiles the plan (simulator/program.py: every
-rule decidable from the plan alone) and runs it here in time. Rule numbers (R1-R22)
-are those of docs/simulation.md. The engine knows nothing of planners.
+rule decidable from the plan alone) and runs it here in time. This Python code is the
+reference; when the C module is built, plans that turn out valid and feasible are
+compiled and run in C instead (simulator/fastpath.py), with identical results. Rule
+numbers (R1-R22) are those of docs/simulation.md. The engine knows nothing of planners.
 
 One compute stream runs the items of the compute sequence in order (R5, R6); the
 links ``h2d``, ``d2h``, ``ssd_read`` and ``ssd_write`` are FIFO queues like CUDA
