@@ -601,8 +601,9 @@ class G10State:
 
 
 def choose_moves(state: G10State, intervals: list[Interval]) -> None:
-    """The benefit-ordered greedy, evaluated lazily: benefits only fall as moves are
-    taken, so a re-evaluated head that still beats the next entry is the best. The chosen
+    """The benefit-ordered greedy, evaluated lazily: benefits almost only fall as moves
+    are taken, so a re-evaluated head that still beats the next entry is taken (one that
+    rose, see the module docstring, is taken at its new value). The chosen
     moves are in ``state.taken``; an interval taken stays a candidate for its advance."""
     heap = []
     for interval in intervals:
