@@ -92,6 +92,7 @@ typedef struct {
     int32_t *wait_off, *wait_idx, *rel_off, *rel_idx, *act_off, *act_code;   /* code: j >= 0 transfer, -(d+1) drop */
     int32_t n_start;
     int32_t *start_code;
+    int8_t *initial_tier;                     /* per tensor: its tier in plan.initial, or -1 */
 } Prog;
 
 /* Group (key, value) pairs by key (0..n-1), keeping their order within a key. */
@@ -203,7 +204,6 @@ typedef struct {
     const In *in;
     Prog *p;
     int8_t *state, *planned, *copies, *updated;   /* copies: valid copy per tier, a bit each */
-    int8_t *init_tier;                            /* the tier of plan.initial, or -1 */
     int32_t *open_offload, *last_to, *last_offload, *incoming;   /* last_to: 2 per tensor */
     int32_t *inc_head, *inc_next, *inc_tensor, n_inc;   /* per item: tensors whose prefetch lands there */
     int32_t *act_item, n_act;                     /* (item, code) pairs of p->act_code */
@@ -345,8 +345,6 @@ static int walk_item(Walk *w, int32_t k, const int32_t *after_off, const int32_t
         }
         for (int32_t i = in->out_off[op]; i < in->out_off[op + 1]; i++)
             if (planned[in->out_idx[i]]) state[in->out_idx[i]] = GPU;
-    } else {
-        state[rec] = GPU;
     }
     for (int32_t i = p->free_off[k]; i < p->free_off[k + 1]; i++) {
         int32_t t = p->free_idx[i];
@@ -361,12 +359,9 @@ static int walk_item(Walk *w, int32_t k, const int32_t *after_off, const int32_t
 /* R20: persistent tensors end where they began. */
 static int steady_state(Walk *w) {
     const In *in = w->in;
-    int8_t *init_tier = w->init_tier;
-    for (int32_t t = 0; t < in->n_tensors; t++) {
+    const int8_t *init_tier = w->p->initial_tier;
+    for (int32_t t = 0; t < in->n_tensors; t++)
         if (w->planned[t] && w->state[t] == INCOMING && w->incoming[t] == -1) w->state[t] = GPU;
-        init_tier[t] = -1;
-    }
-    for (int32_t i = 0; i < in->n_initial; i++) init_tier[in->init_tensor[i]] = in->init_tier[i];
     for (int32_t t = 0; t < in->n_tensors; t++) {
         if (!in->persistent[t] || !w->planned[t]) continue;
         int st = w->state[t];
@@ -388,7 +383,7 @@ static int compile_plan(const In *in, Prog *p, Arena *a) {
     w.in = in; w.p = p;
     w.state = take(a, (size_t)nt, 1); w.planned = take(a, (size_t)nt, 1);
     w.copies = take(a, (size_t)nt, 1); w.updated = take(a, (size_t)nt, 1);
-    w.init_tier = take(a, (size_t)nt, 1);
+    p->initial_tier = take(a, (size_t)nt, 1);
     w.open_offload = take(a, (size_t)nt, sizeof(int32_t));
     w.last_to = take(a, 2 * (size_t)nt, sizeof(int32_t));
     w.last_offload = take(a, (size_t)nt, sizeof(int32_t));
@@ -416,6 +411,7 @@ static int compile_plan(const In *in, Prog *p, Arena *a) {
     for (int32_t t = 0; t < nt; t++) {
         w.open_offload[t] = w.last_offload[t] = -1;
         w.last_to[2 * t] = w.last_to[2 * t + 1] = -1;
+        p->initial_tier[t] = -1;
     }
     for (int32_t k = 0; k < n; k++) w.inc_head[k] = -1;
     for (int32_t i = 0; i < na; i++) {
@@ -428,6 +424,7 @@ static int compile_plan(const In *in, Prog *p, Arena *a) {
         w.planned[t] = 1;
         w.state[t] = AWAY;
         w.copies[t] |= (int8_t)(1 << in->init_tier[i]);
+        p->initial_tier[t] = in->init_tier[i];
     }
     /* actions after each op, in plan order; after = -1 is the iteration start */
     int32_t m = 0;
@@ -692,11 +689,8 @@ static int run_program(Sim *s, Arena *a) {
     s->res_of[Q_SSD_READ] = Q_SSD_READ;
     s->res_of[Q_SSD_WRITE] = Q_SSD_WRITE;
 
-    int8_t *initial = take(a, (size_t)nt, 1);
-    if (a->failed) return NO_MEMORY;
-    for (int32_t i = 0; i < in->n_initial; i++) initial[in->init_tensor[i]] = 1;
     for (int32_t t = 0; t < nt; t++)
-        if (in->persistent[t] && !initial[t]) gpu_take(s, t);
+        if (in->persistent[t] && p->initial_tier[t] < 0) gpu_take(s, t);
     s->peak = s->mem;
     if (s->mem > in->budget) return NOT_OK;   /* R10 at start */
     for (int32_t i = 0; i < in->n_initial; i++)
@@ -866,13 +860,11 @@ static PyObject *fastsim_simulate(PyObject *self, PyObject *args) {
     PyObject *stalls = PyList_New(0);
     if (stalls == NULL) goto done;
     {
-        int32_t *slot = calloc((size_t)n_ops + 1, sizeof(int32_t));   /* op -> position + 1 */
-        double *acc = calloc(2 * ((size_t)prog.n_items + 1), sizeof(double));
-        int32_t *ops_seen = calloc((size_t)prog.n_items + 1, sizeof(int32_t));
+        int32_t *slot = take(&arena, (size_t)n_ops, sizeof(int32_t));   /* op -> position + 1 */
+        double *acc = take(&arena, 2 * (size_t)prog.n_items, sizeof(double));
+        int32_t *ops_seen = take(&arena, (size_t)prog.n_items, sizeof(int32_t));
         int32_t n_seen = 0;
-        if (!slot || !acc || !ops_seen) {
-            free(slot); free(acc); free(ops_seen); Py_DECREF(stalls); PyErr_NoMemory(); goto done;
-        }
+        if (arena.failed) { Py_DECREF(stalls); PyErr_NoMemory(); goto done; }
         for (int32_t k = 0; k < prog.n_items; k++) {
             double dw = sim.item_stall[2 * k], mw = sim.item_stall[2 * k + 1];
             if (!(dw > 0 || mw > 0)) continue;
@@ -887,7 +879,6 @@ static PyObject *fastsim_simulate(PyObject *self, PyObject *args) {
             failed = entry == NULL || PyList_Append(stalls, entry) < 0;
             Py_XDECREF(entry);
         }
-        free(slot); free(acc); free(ops_seen);
         if (failed) { Py_DECREF(stalls); goto done; }
     }
     result = Py_BuildValue("(idddddddLLLLLddddLLiiN)", OK, sim.last_compute_end, sim.last_transfer_end,
