@@ -205,7 +205,7 @@ def _print_result(profile_name: str, hardware_name: str, result) -> None:
     status = "ok" if result.ok else ("INVALID" if not result.valid else "INFEASIBLE")
     click.echo(f"{profile_name} on {hardware_name}, budget {format_bytes(result.budget_bytes)}: {status}")
     if not result.ok:
-        click.echo(f"  {result.rule}: {result.reason}")
+        click.echo(f"  {result.rule}: {result.reason}" if result.reason else f"  {result.rule} at op {result.op}")
         if result.valid:
             click.echo(f"  stopped at {format_us(result.iteration_us)}; peak {format_bytes(result.peak_bytes)}")
         return
@@ -215,8 +215,9 @@ def _print_result(profile_name: str, hardware_name: str, result) -> None:
     click.echo(f"  stalls     {format_us(result.stall_us)}  (data {format_us(result.stall_data_us)}, "
                f"memory {format_us(result.stall_memory_us)}), tail {format_us(result.tail_us)}")
     click.echo(f"  peak       {format_bytes(result.peak_bytes)} at {format_us(result.peak_at_us)}")
-    click.echo(f"  moved      h2d {format_bytes(result.bytes_h2d)}, d2h {format_bytes(result.bytes_d2h)}, "
-               f"ssd read {format_bytes(result.bytes_ssd_read)}, ssd write {format_bytes(result.bytes_ssd_write)}")
+    moved = [f"{link} {format_bytes(nbytes)} ({result.link_utilisation[link] * 100:.1f}% busy)"
+             for link, nbytes in result.link_bytes.items() if nbytes]
+    click.echo("  links      " + (", ".join(moved) if moved else "nothing moved"))
     if result.host_peak_bytes or result.ssd_peak_bytes:
         click.echo(f"  off-GPU    host peak {format_bytes(result.host_peak_bytes)}, "
                    f"ssd peak {format_bytes(result.ssd_peak_bytes)}")

@@ -105,7 +105,7 @@ import numpy as np
 
 from simulator.plan import Action, drop, offload, prefetch, recompute
 from simulator.profile import Profile
-from simulator.program import link_speed
+from simulator.compiled import link_speed
 
 from .analysis import op_start_us, touches
 from .api import score

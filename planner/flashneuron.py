@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.plan import offload, prefetch
-from simulator.program import link_speed
+from simulator.compiled import link_speed
 
 from .analysis import op_start_us, touches, working_set
 from .registry import Draft, register

@@ -102,7 +102,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.plan import drop, offload, prefetch
-from simulator.program import link_speed
+from simulator.compiled import link_speed
 
 from .analysis import idle_gaps, op_start_us, touches
 from .api import score

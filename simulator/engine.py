@@ -1,35 +1,32 @@
 """The discrete-event simulation of one iteration: GPU compute, PCIe, host and SSD.
 
-``simulate(profile, plan, hardware)`` compiles the plan (simulator/program.py: every
-rule decidable from the plan alone) and runs it here in time. This Python code is the
-reference; when the C module is built, plans that turn out valid and feasible are
-compiled and run in C instead (simulator/fastpath.py), with identical results. Rule
-numbers (R1-R22) are those of docs/simulation.md. The engine knows nothing of planners.
+This is the reference statement of the rules (R1-R23 of docs/simulation.md) in Python:
+``run_program`` runs a compiled program (simulator/program.py) on a compiled profile and
+machine (simulator/compiled.py) with the resource parts of simulator/resources.py.
+The C fast path (simulator/fastpath.py) must agree with it exactly; tests compare the
+two. ``simulate`` is the one-call entry; ``simulator.api.Simulator`` compiles a profile
+and a machine once and scores many plans. The engine knows nothing of planners.
 
-One compute stream runs the items of the compute sequence in order (R5, R6); the
-links ``h2d``, ``d2h``, ``ssd_read`` and ``ssd_write`` are FIFO queues like CUDA
-streams (R1, R17, R18). Time advances from instant to instant: at each instant every
+Time is integer picoseconds (R3). One compute stream runs the items of the compute
+sequence in order (R5, R6); the streams ``h2d``, ``d2h``, ``ssd_read`` and ``ssd_write``
+are FIFO queues that run one transfer at a time, whose flows share the links by
+bandwidth (R17, R18). Time advances from instant to instant: at each instant every
 completion (and the frees it causes) is applied first, then the compute head tries to
 start, then the waiting transfers in enqueue order (R9).
 """
 from __future__ import annotations
 
-import gc
-import heapq
-from collections import deque
-from contextlib import contextmanager
+from dataclasses import dataclass
 
+from .compiled import LINKS, STREAMS, CompiledProfile, Machine
 from .errors import InputError
-from .fastpath import simulate_fast
 from .hardware import Hardware
-from .plan import Plan, check_plan
+from .plan import Plan
 from .profile import Profile
-from .program import Drop, PlanInvalid, Program, Transfer, compile_program
+from .program import Drop, PlanInvalid, Program, Transfer
+from .resources import Links, Memory, Stream, Tiers
 from .result import Result, Span, Timeline
-
-_ITEM_END = 0
-_TRANSFER_END = 1
-QUEUES = ("h2d", "d2h", "ssd_read", "ssd_write")
+from .units import ps_to_us
 
 
 def resolve_budget(budget_bytes: int | None, plan: Plan, hardware: Hardware) -> int:
@@ -53,381 +50,381 @@ def check_budget(budget: int, hardware: Hardware) -> int:
 
 def simulate(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None = None,
              record: bool = False, reference: bool = False) -> Result:
-    """Simulate ``plan`` on ``profile`` and ``hardware``.
+    """Simulate ``plan`` on ``profile`` and ``hardware`` (see ``Simulator.simulate``).
 
-    Parameters
-    ----------
-    budget_bytes : the GPU memory budget; None takes the plan's, then the GPU's (R2).
-    record : keep a Timeline (spans and memory samples) in ``result.timeline``.
-    reference : always use the pure-Python compile and run loop. Otherwise a run without
-        ``record`` goes through the C simulator (simulator/fastpath.py) when it is built,
-        and falls back to the reference to explain a plan that is invalid or infeasible.
-
-    Returns
-    -------
-    Result, with ``valid`` False for a plan that breaks a rule and ``feasible`` False
-    for a valid plan that cannot run in the budget.
-
-    Raises
-    ------
-    InputError for structural problems (unknown ids, a plan for another profile, a
-    schedule that breaks dependencies) and a budget above the GPU's memory.
+    To simulate many plans of one profile and machine, make one
+    ``simulator.api.Simulator`` and call it: it compiles the profile and machine once.
     """
-    with _gc_paused():
-        check_plan(plan, profile)
-        budget = resolve_budget(budget_bytes, plan, hardware)
-        if not (record or reference):
-            result = simulate_fast(profile, plan, hardware, budget)
-            if result is not None:
-                return result
-        try:
-            program = compile_program(profile, plan, hardware)
-        except PlanInvalid as exc:
-            return Result(valid=False, feasible=False, rule=exc.rule, op=exc.op, tensor=exc.tensor,
-                          reason=exc.reason, budget_bytes=budget, ideal_us=profile.ideal_us)
-        return _Run(profile, program, hardware, budget, record).run()
+    from .api import Simulator
+    return Simulator(profile, hardware).simulate(plan, budget_bytes, record=record, reference=reference)
 
 
-@contextmanager
-def _gc_paused():
-    """A simulation makes many short-lived objects and no reference cycles: pausing the
-    cyclic garbage collector keeps it from scanning a large profile again and again."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+# ----------------------------------------------------------------------------- infeasible
+
+
+@dataclass
+class Blocked:
+    """Why a valid plan cannot go on (R10, R19): what waits, for how many bytes."""
+    rule: str
+    what: str                 # op | recompute | prefetch (waits for room) | stuck | start | capacity
+    item: int                 # the compute head (-1: none, or at start)
+    tensor: str | None
+    needed: int
+    free: int
+    residents: list[dict]
+    tier: str | None = None   # capacity: the tier
+    after: str | None = None  # capacity: the offload's after op; stuck / prefetch: the transfer's kind
+
+
+def describe(blocked: Blocked, op: str | None) -> tuple[str | None, str, dict]:
+    """(op, reason, blocked dict) of an infeasible result whose compute head is ``op``:
+    the same text from the reference and the C path."""
+    shown = ", ".join(f"{r['tensor']} ({r['bytes']} B)" for r in blocked.residents) or "none"
+    if blocked.what == "capacity":
+        op = blocked.after
+        reason = (f"{blocked.tier} capacity exceeded: {blocked.needed} bytes needed, {blocked.free} available")
+        return op, reason, {"tier": blocked.tier}
+    if blocked.what == "start":
+        what = f"at start: persistent tensor {blocked.tensor!r} does not fit"
+    elif blocked.what == "op":
+        what = f"op {op!r} waits for memory"
+    elif blocked.what == "recompute":
+        what = f"recompute of {blocked.tensor!r} before {op!r} waits for memory"
+    elif blocked.what == "prefetch":
+        what = f"the prefetch of {blocked.tensor!r} waits for memory" + (f" (op {op!r} waits)" if op else "")
+    else:
+        what = f"the {blocked.after} of {blocked.tensor!r} cannot start" + (f" (op {op!r} waits)" if op else "")
+    reason = f"{what}: needs {blocked.needed} bytes, {blocked.free} free; largest residents: {shown}"
+    return op, reason, {"waiting": what, "needed_bytes": blocked.needed, "free_bytes": blocked.free,
+                        "largest_residents": blocked.residents}
 
 
 class _Infeasible(Exception):
-    def __init__(self, rule: str, op: str | None, tensor: str | None, reason: str, blocked: dict):
-        super().__init__(reason)
-        self.rule, self.op, self.tensor, self.reason, self.blocked = rule, op, tensor, reason, blocked
+    def __init__(self, blocked: Blocked):
+        super().__init__(blocked.what)
+        self.blocked = blocked
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def run_program(compiled: CompiledProfile, program: Program, machine: Machine, budget: int,
+                record: bool = False, names: list[tuple[str, str, str]] | None = None) -> Result:
+    """Run a compiled program in simulated time and report the Result (valid plans only:
+    validity was decided by the compile). ``names``: (op id, kernel, phase) per profile
+    op, for the timeline when ``record``."""
+    return _Run(compiled, program, machine, budget, record, names).run()
 
 
 class _Run:
-    """The state of one simulation; ``run`` drives it to the end of the iteration."""
+    """The run state of one simulation; ``run`` drives it to the end of the iteration."""
 
-    def __init__(self, profile: Profile, program: Program, hardware: Hardware, budget: int, record: bool):
-        self.profile = profile
+    def __init__(self, compiled: CompiledProfile, program: Program, machine: Machine, budget: int,
+                 record: bool, names):
+        self.compiled = compiled
         self.program = program
         self.seq = program.seq
-        self.budget = budget
-        self.nbytes = program.tensor_bytes
-        self.now = 0.0
-        self.events: list = []
-        self.event_seq = 0
-        self.transfer_seq = 0
-        # GPU memory
-        self.on_gpu: set[str] = set(program.initial_gpu)
-        self.mem = sum(self.nbytes[t] for t in self.on_gpu)
-        self.peak = self.mem
-        self.peak_at = 0.0
-        # lower tiers (R19)
-        self.capacity = {"host": hardware.host.memory_bytes,
-                         "ssd": hardware.ssd.capacity_bytes if hardware.ssd else 0}
-        self.tier_used = {"host": 0, "ssd": 0}
-        self.tier_peak = {"host": 0, "ssd": 0}
-        self.tier_space: set[tuple[str, str]] = set()
-        # tensors whose last use passed while an offload still reads them (R7, R11)
-        self.in_flight: dict[str, int] = {}
+        self.transfers = program.transfers
+        self.now = 0
+        n = len(program.transfers)
+        self.enqueued_at = [-1] * n       # enqueue order (R1, R9)
+        self.start = [-1] * n
+        self.latency_until: dict[int, int] = {}   # transfer -> ps its latency ends, while it waits it
+        self.ended = [False] * n
+        self.enqueue_count = 0
+        self.memory = Memory(budget, compiled.tensor_bytes)
+        self.tiers = Tiers({"host": machine.host_bytes, "ssd": machine.ssd_bytes}, compiled.tensor_bytes)
+        self.links = Links(machine.link_capacity)
+        self.link_bytes = [0] * len(LINKS)
+        self.streams = [Stream(name) for name in STREAMS]
+        self.engine_holder: int | None = None   # half duplex: the transfer holding the copy engine
+        self.pending_offloads: dict[str, int] = {}   # tensor -> offloads enqueued or copying (R7)
         self.dead_pending: set[str] = set()
-        # compute stream
+        # the compute stream
         self.head = 0
-        self.running = False
-        self.ready_at = 0.0          # when the head's predecessor ended
-        self.data_ready_at: float | None = None
-        self.last_compute_end = 0.0
-        self.compute_us = 0.0
-        self.recompute_us = 0.0
-        self.stall_data = 0.0
-        self.stall_memory = 0.0
-        self.stall_by_op: dict[str, dict] = {}
-        # links
-        half = hardware.pcie.duplex == "half"
-        self.resource_of = {"h2d": "pcie" if half else "h2d", "d2h": "pcie" if half else "d2h",
-                            "ssd_read": "ssd_read", "ssd_write": "ssd_write"}
-        self.busy = {r: False for r in self.resource_of.values()}
-        self.queues: dict[str, deque[Transfer]] = {q: deque() for q in QUEUES}
-        self.bytes_on = {q: 0 for q in QUEUES}
-        self.busy_us = {q: 0.0 for q in QUEUES}
-        self.last_transfer_end = 0.0
-        # timeline
+        self.running_until: int | None = None
+        self.ready_at = 0                  # when the head's predecessor ended
+        self.data_ready_at: int | None = None
+        self.last_compute_end = 0
+        self.last_transfer_end = 0
+        self.compute_ps = 0
+        self.recompute_ps = 0
+        self.stall_data = 0
+        self.stall_memory = 0
+        self.stall_by_op: dict[str, list[int]] = {}
+        # the timeline
         self.record = record
+        self.names = names
         self.spans: list[Span] = []
-        self.memory: list[tuple[float, int]] = [(0.0, self.mem)] if record else []
+        if record:
+            self.memory.samples = [(0, 0)]
+            self.links.samples = [(0, (0,) * len(LINKS))]
 
-    # ------------------------------------------------------------------ memory
+    # ------------------------------------------------------------------ completions
 
-    def _alloc(self, tensors, extra: int = 0) -> None:
-        for tid in tensors:
-            self.on_gpu.add(tid)
-            self.mem += self.nbytes[tid]
-        self.mem += extra
-        if self.mem > self.peak:
-            self.peak, self.peak_at = self.mem, self.now
-        self._sample()
-
-    def _free(self, tid: str) -> None:
-        if tid in self.on_gpu:
-            self.on_gpu.discard(tid)
-            self.mem -= self.nbytes[tid]
-            self._sample()
-
-    def _sample(self) -> None:
-        if self.record:
-            if self.memory and self.memory[-1][0] == self.now:
-                self.memory[-1] = (self.now, self.mem)
-            else:
-                self.memory.append((self.now, self.mem))
-
-    def _tier_take(self, tid: str, tier: str, who: str | None) -> None:
-        if (tid, tier) in self.tier_space:
-            return
-        self.tier_space.add((tid, tier))
-        self.tier_used[tier] += self.nbytes[tid]
-        self.tier_peak[tier] = max(self.tier_peak[tier], self.tier_used[tier])
-        if self.tier_used[tier] > self.capacity[tier]:
-            raise _Infeasible("R19", who, tid, f"{tier} capacity exceeded: {self.tier_used[tier]} bytes needed, "
-                              f"{self.capacity[tier]} available", {"tier": tier})
-
-    def _tier_release(self, tid: str) -> None:
-        for tier in ("host", "ssd"):
-            if (tid, tier) in self.tier_space:
-                self.tier_space.discard((tid, tier))
-                self.tier_used[tier] -= self.nbytes[tid]
-
-    def _largest_residents(self, n: int = 5) -> list[dict]:
-        top = sorted(self.on_gpu, key=lambda t: (-self.nbytes[t], t))[:n]
-        return [{"tensor": t, "bytes": self.nbytes[t]} for t in top]
-
-    # ------------------------------------------------------------------ events
-
-    def _push(self, time: float, kind: int, obj) -> None:
-        self.event_seq += 1
-        heapq.heappush(self.events, (time, self.event_seq, kind, obj))
-
-    def _enqueue(self, transfer: Transfer) -> None:
-        self.transfer_seq += 1
-        transfer.seq = self.transfer_seq
-        for q in transfer.queues:
-            self.queues[q].append(transfer)
-
-    def _drop(self, drop: Drop, after: str) -> None:
-        if any(not t.ended for t in drop.offloads):  # R14
-            raise PlanInvalid("R14", after, drop.tensor,
-                              f"drop of {drop.tensor!r} after {after!r} while its offload is still in flight")
-        self._free(drop.tensor)
-
-    def _item_end(self, k: int) -> None:
+    def _item_end(self) -> None:
         """R7: workspace, last-use frees, offload releases, then the actions after the op."""
-        self.running = False
+        k, seq, now = self.head, self.seq, self.now
+        self.running_until = None
         self.head = k + 1
-        self.ready_at = self.now
+        self.ready_at = self.last_compute_end = now
         self.data_ready_at = None
-        self.last_compute_end = self.now
-        self.mem -= self.seq.workspace[k]
-        self._sample()
-        for tid in self.seq.frees[k]:
-            if self.in_flight.get(tid):
+        self.memory.release(seq.workspace[k], now)
+        for tid in seq.frees[k]:
+            if self.pending_offloads.get(tid):
                 self.dead_pending.add(tid)
             else:
-                self._free(tid)
-                self._tier_release(tid)
+                self.memory.free(tid, now)
+                self.tiers.release(tid)
         for transfer in self.program.releases.get(k, ()):
-            if transfer.ended:
-                self._free(transfer.tensor)
+            if self.ended[transfer.index]:
+                self.memory.free(transfer.tensor, now)
         for action in self.program.actions.get(k, ()):
             if isinstance(action, Drop):
-                self._drop(action, self.seq.group[k])
+                self.memory.free(action.tensor, now)   # R14: at once
             else:
                 self._enqueue(action)
 
-    def _transfer_end(self, transfer: Transfer) -> None:
-        transfer.ended = True
-        transfer.end_us = self.now
-        self.last_transfer_end = max(self.last_transfer_end, self.now)
-        for q in transfer.queues:
-            self.busy[self.resource_of[q]] = False
+    def _enqueue(self, transfer: Transfer) -> None:
+        self.enqueued_at[transfer.index] = self.enqueue_count
+        self.enqueue_count += 1
+        self.streams[transfer.route.stream].queue.append(transfer.index)
+        if transfer.kind == "offload":
+            self.pending_offloads[transfer.tensor] = self.pending_offloads.get(transfer.tensor, 0) + 1
+
+    def _transfer_end(self, j: int) -> None:
+        transfer, now = self.transfers[j], self.now
+        self.ended[j] = True
+        self.last_transfer_end = max(self.last_transfer_end, now)
+        stream = self.streams[transfer.route.stream]
+        stream.running = None
+        stream.busy_ps += now - self.start[j]
+        if self.engine_holder == j:
+            self.engine_holder = None
+        if self.record:
+            self.spans.append(Span(stream.name, f"{transfer.kind} {transfer.tensor}", ps_to_us(self.start[j]),
+                                   ps_to_us(now), {"tensor": transfer.tensor, "bytes": transfer.nbytes,
+                                                   "tier": transfer.tier, "kind": transfer.kind}))
         if transfer.kind == "offload":
             tid = transfer.tensor
-            self.in_flight[tid] -= 1
-            if transfer.last_reader < self.head:  # the last reader in its window has ended
-                self._free(tid)
-            if tid in self.dead_pending and not self.in_flight[tid]:
-                self.dead_pending.discard(tid)
-                self._free(tid)
-                self._tier_release(tid)
+            self.pending_offloads[tid] -= 1
+            if transfer.last_reader < self.head:   # the last reader in its window has ended (R11)
+                self.memory.free(tid, now)
+            if tid in self.dead_pending and not self.pending_offloads[tid]:
+                self.dead_pending.discard(tid)     # R7: freed now that its offload ended
+                self.memory.free(tid, now)
+                self.tiers.release(tid)
 
     # ------------------------------------------------------------------ starts
 
     def _try_compute(self) -> None:
-        seq = self.seq
-        if self.running or self.head >= len(seq):
+        seq, k = self.seq, self.head
+        if self.running_until is not None or k >= len(seq):
             return
-        k = self.head
         recomputed = seq.recomputed[k]
         if self.data_ready_at is None:
-            if any(not w.ended for w in self.program.waits.get(k, ())):
+            if any(not self.ended[w.index] for w in self.program.waits.get(k, ())):
                 return
-            if recomputed is not None and recomputed in self.on_gpu:
-                return  # R15: the older copy is still being copied out
+            if recomputed is not None and recomputed in self.memory.resident:
+                return  # R15: the older copy is still being copied out (a data stall)
             self.data_ready_at = self.now
-        if self.mem + seq.alloc_bytes[k] > self.budget:
+        if not self.memory.fits(seq.alloc_bytes[k]):
             return
-        start = self.now
-        data_wait = self.data_ready_at - self.ready_at
-        memory_wait = start - self.data_ready_at
-        if data_wait > 0 or memory_wait > 0:
+        now = self.now
+        data_wait, memory_wait = self.data_ready_at - self.ready_at, now - self.data_ready_at
+        if data_wait or memory_wait:
             self.stall_data += data_wait
             self.stall_memory += memory_wait
-            entry = self.stall_by_op.setdefault(seq.group[k], {"data_us": 0.0, "memory_us": 0.0})
-            entry["data_us"] += data_wait
-            entry["memory_us"] += memory_wait
-        self._alloc(seq.allocs[k], seq.workspace[k])
-        self.running = True
-        time_us = seq.time_us[k]
-        end = start + time_us
-        self.compute_us += time_us
+            entry = self.stall_by_op.setdefault(seq.group[k], [0, 0])
+            entry[0] += data_wait
+            entry[1] += memory_wait
+        self.memory.allocate(seq.allocs[k], seq.workspace[k], now)
+        time_ps = seq.time_ps[k]
+        self.running_until = now + time_ps
+        self.compute_ps += time_ps
         if recomputed is not None:
-            self.recompute_us += time_us
+            self.recompute_ps += time_ps
         if self.record:
-            op = self.profile.ops[seq.op_index[k]]
-            name = op.id if recomputed is None else f"recompute {recomputed}"
-            self.spans.append(Span("compute", name, start, end, {"op": op.id, "kernel": op.name, "phase": op.phase,
-                                                                  "kind": "op" if recomputed is None else "recompute"}))
-        self._push(end, _ITEM_END, k)
+            op_id, kernel, phase = self.names[seq.op_index[k]]
+            self.spans.append(Span("compute", op_id if recomputed is None else f"recompute {recomputed}",
+                                   ps_to_us(now), ps_to_us(now + time_ps),
+                                   {"op": op_id, "kernel": kernel, "phase": phase,
+                                    "kind": "op" if recomputed is None else "recompute"}))
+
+    def _can_start(self, transfer: Transfer) -> bool:
+        """R12, R17: a head starts when the copy engine (half duplex) is free and, for a
+        prefetch, its source copy is written, no older GPU copy remains and it fits."""
+        if transfer.route.uses_engine and self.engine_holder is not None:
+            return False
+        if transfer.kind == "prefetch":
+            if transfer.source >= 0 and not self.ended[transfer.source]:
+                return False
+            if transfer.tensor in self.memory.resident or not self.memory.fits(transfer.nbytes):
+                return False
+        return True
 
     def _try_transfers(self) -> None:
-        heads = {}
-        for q in QUEUES:
-            if self.queues[q]:
-                transfer = self.queues[q][0]
-                heads[transfer.seq] = transfer
-        for seq in sorted(heads):
-            transfer = heads[seq]
-            if any(self.queues[q][0] is not transfer for q in transfer.queues):
-                continue
-            if any(self.busy[self.resource_of[q]] for q in transfer.queues):
-                continue
-            tid = transfer.tensor
-            if transfer.kind == "prefetch":
-                if transfer.source is not None and not transfer.source.ended:
-                    continue
-                if tid in self.on_gpu or self.mem + transfer.nbytes > self.budget:
-                    continue
-                self._alloc((tid,))
-            else:
-                self._tier_take(tid, transfer.tier, transfer.after_op)
-                self.in_flight[tid] = self.in_flight.get(tid, 0) + 1
-            for q in transfer.queues:
-                self.queues[q].popleft()
-                self.busy[self.resource_of[q]] = True
-                self.bytes_on[q] += transfer.nbytes
-                self.busy_us[q] += transfer.duration_us
-            transfer.start_us = self.now
-            end = self.now + transfer.duration_us
-            if self.record:
-                for q in transfer.queues:
-                    self.spans.append(Span(q, f"{transfer.kind} {tid}", self.now, end,
-                                           {"tensor": tid, "bytes": transfer.nbytes, "tier": transfer.tier,
-                                            "kind": transfer.kind}))
-            self._push(end, _TRANSFER_END, transfer)
+        heads = [s.queue[0] for s in self.streams if s.queue and s.running is None]
+        for j in sorted(heads, key=self.enqueued_at.__getitem__):
+            transfer = self.transfers[j]
+            if self._can_start(transfer):
+                self._start_transfer(transfer)
 
-    # ------------------------------------------------------------------ run
+    def _start_transfer(self, transfer: Transfer) -> None:
+        j, now, tid = transfer.index, self.now, transfer.tensor
+        if transfer.kind == "prefetch":
+            self.memory.allocate((tid,), 0, now)
+        elif not self.tiers.take(tid, transfer.tier):   # R19
+            tier = transfer.tier
+            raise _Infeasible(Blocked("R19", "capacity", -1, tid, self.tiers.used[tier],
+                                      self.tiers.capacity[tier], [], tier, transfer.after_op))
+        stream = self.streams[transfer.route.stream]
+        stream.queue.popleft()
+        stream.running = j
+        for link in transfer.route.links:
+            self.link_bytes[link] += transfer.nbytes
+        if transfer.route.uses_engine:
+            self.engine_holder = j
+        self.start[j] = now
+        if transfer.route.latency_ps:
+            self.latency_until[j] = now + transfer.route.latency_ps
+        else:
+            self.links.start(j, transfer.route.links, transfer.nbytes, now)
+
+    # ------------------------------------------------------------------ the loop
+
+    def _next_instant(self) -> int | None:
+        times = list(self.latency_until.values())
+        if self.running_until is not None:
+            times.append(self.running_until)
+        flow_end = self.links.next_end()
+        if flow_end is not None:
+            times.append(flow_end)
+        return min(times, default=None)
+
+    def _complete(self) -> None:
+        """Every completion at ``now`` (R9): the compute item, latencies, then flows."""
+        now = self.now
+        if self.running_until == now:
+            self._item_end()
+        for j in [j for j, at in self.latency_until.items() if at == now]:
+            del self.latency_until[j]
+            transfer = self.transfers[j]
+            self.links.start(j, transfer.route.links, transfer.nbytes, now)
+        ending = self.links.ending_at(now)
+        if ending:
+            self.links.finish(ending, now)
+            for j in sorted(ending, key=self.enqueued_at.__getitem__):
+                self._transfer_end(j)
 
     def run(self) -> Result:
-        result = Result(budget_bytes=self.budget, ideal_us=self.profile.ideal_us,
-                        transfers=len(self.program.transfers),
+        compiled, program = self.compiled, self.program
+        result = Result(budget_bytes=self.memory.budget, ideal_us=ps_to_us(compiled.ideal_ps),
+                        transfers=len(program.transfers),
                         recomputes=sum(1 for tid in self.seq.recomputed if tid is not None))
         try:
-            if self.mem > self.budget:
-                raise _Infeasible("R10", None, None,
-                                  f"at start: persistent tensors need {self.mem} bytes, budget is {self.budget}",
-                                  {"waiting": "at start", "needed_bytes": self.mem,
-                                   "free_bytes": self.budget, "largest_residents": self._largest_residents()})
-            for tid, tier in self.program.initial_copies.items():
-                self._tier_take(tid, tier, None)
-            for action in self.program.start_actions:
+            self._place_at_start()
+            for action in program.start_actions:
                 self._enqueue(action)
-            self._step()
-            events = self.events
-            while events:
-                self.now = events[0][0]
-                while events and events[0][0] == self.now:
-                    _, _, kind, obj = heapq.heappop(events)
-                    if kind == _ITEM_END:
-                        self._item_end(obj)
-                    else:
-                        self._transfer_end(obj)
-                self._step()
-            if self.head < len(self.seq) or any(self.queues.values()):
-                raise self._stuck()
-        except PlanInvalid as exc:
-            result.valid = result.feasible = False
-            result.rule, result.op, result.tensor, result.reason = exc.rule, exc.op, exc.tensor, exc.reason
+            self._try_compute()
+            self._try_transfers()
+            while True:
+                instant = self._next_instant()
+                if instant is None:
+                    break
+                self.now = instant
+                self._complete()
+                self._try_compute()
+                self._try_transfers()
+            if self.head < len(self.seq) or any(s.queue for s in self.streams):
+                raise _Infeasible(self._stuck())
         except _Infeasible as exc:
             result.feasible = False
-            result.rule, result.op, result.tensor, result.reason = exc.rule, exc.op, exc.tensor, exc.reason
-            result.blocked = exc.blocked
+            result.rule = exc.blocked.rule
+            result.tensor = exc.blocked.tensor
+            item = exc.blocked.item
+            result.op, result.reason, result.blocked = describe(exc.blocked, self.seq.group[item] if item >= 0 else None)
         self._fill(result)
         return result
 
-    def _step(self) -> None:
-        self._try_compute()
-        self._try_transfers()
+    def _place_at_start(self) -> None:
+        """R10, R19: persistent tensors on the GPU in profile order; initial copies take
+        their tier's space from time 0."""
+        initial = self.program.initial_copies
+        memory = self.memory
+        for tid in self.compiled.persistent_ids:
+            if tid in initial:
+                continue
+            if not memory.fits(memory.nbytes[tid]):
+                raise _Infeasible(Blocked("R10", "start", -1, tid, memory.nbytes[tid], memory.budget - memory.used,
+                                          memory.largest()))
+            memory.allocate((tid,), 0, 0)
+        for tid, tier in initial.items():
+            if not self.tiers.take(tid, tier):
+                raise _Infeasible(Blocked("R19", "capacity", -1, tid, self.tiers.used[tier],
+                                          self.tiers.capacity[tier], [], tier, None))
 
-    def _stuck(self) -> _Infeasible:
+    def _stuck(self) -> Blocked:
         """R10: nothing runs, nothing is pending, and work remains: say what waits."""
-        free = self.budget - self.mem
-        residents = self._largest_residents()
-        shown = ", ".join(f"{r['tensor']} ({r['bytes']} B)" for r in residents) or "none"
-        seq, k = self.seq, self.head
-        op = seq.group[k] if k < len(seq) else None
-        if k < len(seq):
-            pending = [w for w in self.program.waits.get(k, ()) if not w.ended]
-            if pending:
-                waiting = pending[0]
-                what = f"op {op!r} waits for the prefetch of {waiting.tensor!r}, which waits for memory"
-                needed, tensor = waiting.nbytes, waiting.tensor
-            else:
-                recomputed = seq.recomputed[k]
-                label = f"op {op!r}" if recomputed is None else f"recompute of {recomputed!r} before {op!r}"
-                what = f"{label} waits for memory"
-                needed, tensor = seq.alloc_bytes[k], recomputed
-        else:
-            waiting = next(q[0] for q in self.queues.values() if q)
-            what = f"the final {waiting.kind} of {waiting.tensor!r} cannot start"
-            needed, tensor = waiting.nbytes, waiting.tensor
-        reason = f"{what}: needs {needed} bytes, {free} free; largest residents: {shown}"
-        return _Infeasible("R10", op, tensor, reason, {"waiting": what, "needed_bytes": needed,
-                                                        "free_bytes": free, "largest_residents": residents})
+        seq, k, memory = self.seq, self.head, self.memory
+        free = memory.budget - memory.used
+        if k < len(seq) and self.data_ready_at is not None:   # the item itself waits for memory
+            recomputed = seq.recomputed[k]
+            return Blocked("R10", "op" if recomputed is None else "recompute", k, recomputed,
+                           seq.alloc_bytes[k], free, memory.largest())
+        heads = sorted((s.queue[0] for s in self.streams if s.queue), key=self.enqueued_at.__getitem__)
+        item = k if k < len(seq) else -1
+        for j in heads:
+            transfer = self.transfers[j]
+            if (transfer.kind == "prefetch" and (transfer.source < 0 or self.ended[transfer.source])
+                    and transfer.tensor not in memory.resident):   # it waits for room, nothing else
+                return Blocked("R10", "prefetch", item, transfer.tensor, transfer.nbytes, free, memory.largest())
+        if heads:
+            transfer = self.transfers[heads[0]]
+            return Blocked("R10", "stuck", item, transfer.tensor, transfer.nbytes, free, memory.largest(),
+                           after=transfer.kind)
+        pending = [w for w in self.program.waits.get(k, ()) if not self.ended[w.index]]
+        tensor = pending[0].tensor if pending else seq.recomputed[k]
+        return Blocked("R10", "stuck", item, tensor, 0, free, memory.largest(), after="wait")
 
     def _fill(self, result: Result) -> None:
-        end = max(self.last_compute_end, self.last_transfer_end, self.now if not result.ok else 0.0)
-        result.iteration_us = end
-        result.overhead = end / result.ideal_us - 1.0 if result.ideal_us > 0 else 0.0
-        result.compute_us = self.compute_us
-        result.recompute_us = self.recompute_us
-        result.stall_data_us = self.stall_data
-        result.stall_memory_us = self.stall_memory
-        result.stall_us = self.stall_data + self.stall_memory
-        result.tail_us = max(0.0, end - self.last_compute_end)
-        result.peak_bytes = self.peak
-        result.peak_at_us = self.peak_at
-        result.bytes_h2d = self.bytes_on["h2d"]
-        result.bytes_d2h = self.bytes_on["d2h"]
-        result.bytes_ssd_read = self.bytes_on["ssd_read"]
-        result.bytes_ssd_write = self.bytes_on["ssd_write"]
-        result.busy_us = {"compute": self.compute_us, **self.busy_us}
-        result.host_peak_bytes = self.tier_peak["host"]
-        result.ssd_peak_bytes = self.tier_peak["ssd"]
-        result.stall_by_op = self.stall_by_op
+        end = max(self.last_compute_end, self.last_transfer_end, self.now if not result.ok else 0)
+        machine_links = self.links.capacity
+        result.iteration_us = ps_to_us(end)
+        result.overhead = end / self.compiled.ideal_ps - 1.0 if self.compiled.ideal_ps > 0 else 0.0
+        result.compute_us = ps_to_us(self.compute_ps)
+        result.recompute_us = ps_to_us(self.recompute_ps)
+        result.stall_data_us = ps_to_us(self.stall_data)
+        result.stall_memory_us = ps_to_us(self.stall_memory)
+        result.stall_us = ps_to_us(self.stall_data + self.stall_memory)
+        result.tail_us = ps_to_us(max(0, end - self.last_compute_end))
+        result.peak_bytes = self.memory.peak
+        result.peak_at_us = ps_to_us(self.memory.peak_at)
+        streams = self.streams
+        # R18: a link's bytes; an SSD copy counts on its PCIe direction and on the SSD
+        result.bytes_h2d, result.bytes_d2h, result.bytes_ssd_read, result.bytes_ssd_write = self.link_bytes
+        result.busy_us = {"compute": result.compute_us, **{s.name: ps_to_us(s.busy_ps) for s in streams}}
+        result.link_bytes = dict(zip(LINKS, self.link_bytes))
+        result.link_utilisation = {name: (nbytes * 10**12 / (cap * end) if end else 0.0)
+                                   for name, nbytes, cap in zip(LINKS, self.link_bytes, machine_links)}
+        result.progress = self.head / len(self.seq) if len(self.seq) else 1.0
+        result.host_peak_bytes = self.tiers.peak["host"]
+        result.ssd_peak_bytes = self.tiers.peak["ssd"]
+        result.stall_by_op = {op: {"data_us": ps_to_us(d), "memory_us": ps_to_us(m)}
+                              for op, (d, m) in self.stall_by_op.items()}
         if self.record:
-            result.timeline = Timeline(spans=self.spans, memory=self.memory, budget_bytes=self.budget,
-                                       phases=_phases(self.spans))
+            self.spans.sort(key=lambda s: (s.start_us, s.track))
+            result.timeline = Timeline(
+                spans=self.spans, memory=[(ps_to_us(t), b) for t, b in self.memory.samples],
+                budget_bytes=self.memory.budget, phases=_phases(self.spans),
+                link_rates=[(ps_to_us(t), dict(zip(LINKS, rates))) for t, rates in self.links.samples],
+                link_capacity=dict(zip(LINKS, machine_links)))
+
+
+def invalid_result(exc: PlanInvalid, budget: int, compiled: CompiledProfile) -> Result:
+    """The result of a plan that breaks a rule."""
+    return Result(valid=False, feasible=False, rule=exc.rule, op=exc.op, tensor=exc.tensor, reason=exc.reason,
+                  budget_bytes=budget, ideal_us=ps_to_us(compiled.ideal_ps), progress=0.0)
 
 
 def _phases(spans: list[Span]) -> list[tuple[str, float, float]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from .errors import InputError
 from .fields import Reader
 from .files import read_document
-from .units import parse_size
+from .units import MAX_BYTES, MAX_GBPS, MAX_US, parse_size
 
 DUPLEX_MODES = ("full", "half")
 SSD_PATHS = ("host", "direct")
@@ -123,7 +123,30 @@ def hardware_from_dict(data, file: str = "<hardware>") -> Hardware:
             capacity_bytes=parse_size(ssd_r.get("capacity"), ssd_r.path("capacity"), file),
             path=ssd_r.string("path", default="host", choices=SSD_PATHS),
         )
-    return Hardware(name=name, gpu=gpu, pcie=pcie, host=host, ssd=ssd, source=file)
+    hardware = Hardware(name=name, gpu=gpu, pcie=pcie, host=host, ssd=ssd, source=file)
+    check_limits(hardware, file)
+    return hardware
+
+
+def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:
+    """R23: memories and capacities below 2^53 bytes, latencies below 10^9 us,
+    bandwidths above 0 and at most 10^6 GB/s. InputError naming the field otherwise."""
+    sizes = [("gpu.memory", hardware.gpu.memory_bytes), ("host.memory", hardware.host.memory_bytes)]
+    latencies = [("pcie.latency_us", hardware.pcie.latency_us)]
+    rates = [("pcie.h2d_gbps", hardware.pcie.h2d_gbps), ("pcie.d2h_gbps", hardware.pcie.d2h_gbps)]
+    if hardware.ssd is not None:
+        sizes.append(("ssd.capacity", hardware.ssd.capacity_bytes))
+        latencies.append(("ssd.latency_us", hardware.ssd.latency_us))
+        rates += [("ssd.read_gbps", hardware.ssd.read_gbps), ("ssd.write_gbps", hardware.ssd.write_gbps)]
+    for where, value in sizes:
+        if value >= MAX_BYTES:
+            raise InputError(file, where, f"{value} bytes is too large: at most 2^53 - 1 (R23)")
+    for where, value in latencies:
+        if not 0 <= value < MAX_US:
+            raise InputError(file, where, f"must be from 0 to below 10^9 us, got {value} (R23)")
+    for where, value in rates:
+        if not 0 < value <= MAX_GBPS:
+            raise InputError(file, where, f"must be > 0 and at most 10^6 GB/s, got {value} (R23)")
 
 
 def preset_dir() -> Path:

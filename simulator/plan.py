@@ -1,8 +1,8 @@
 """Plan: the exported artifact, ``swapplan-plan/1``: what leaves GPU memory and when.
 
 Every plan read is validated against ``plans/schema.json``, then checked
-structurally against its profile with ``check_plan``. Timing-dependent validity
-(rules R11-R16, R20) is the simulator's job. See docs/formats.md.
+structurally against its profile with ``check_plan`` (input errors). Whether it keeps
+the simulation rules (R11-R21) is decided by the simulator's compile and is a result. See docs/formats.md.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import jsonschema
 
 from .errors import InputError
 from .files import read_document, write_atomic
-from .profile import Profile, order_violation, profile_sha256
+from .profile import Profile, profile_sha256, schedule_problem
+from .units import MAX_COUNT
 
 FORMAT = "swapplan-plan/1"
 ACTION_KINDS = ("offload", "prefetch", "drop", "recompute")
@@ -223,53 +224,46 @@ def save_plan(plan: Plan, path: str | Path) -> None:
 # ----------------------------------------------------------------------------- structure
 
 
-def check_plan(plan: Plan, profile: Profile) -> None:
-    """Check a plan's structure against its profile (everything decidable without timing).
+def check_plan(plan: Plan, profile: Profile, has_ssd: bool = True) -> None:
+    """Check a plan's structure against its profile: what makes it an input error rather
+    than a plan that breaks a rule (SIMULATION.md: rule breaks are results).
 
     Raises InputError naming the plan's file, the field and the problem for: a profile
-    sha256 that does not match, an unknown tensor or op, a schedule that breaks
-    dependencies or in-place update order (R21), an initial placement of a
-    non-persistent tensor (R20), a prefetch of a tensor never offloaded to (or placed
-    in) its source tier, and a recompute of a tensor with no producer.
+    sha256 that does not match, an unknown tensor or op, a schedule that is not a
+    permutation of the profile's ops, an unknown tier, more than 10^7 actions (R23), and
+    an SSD action or placement on a machine without an SSD (``has_ssd`` False).
     """
     file = plan.origin
     if plan.profile_sha256 and plan.profile_sha256 != profile_sha256(profile):
         raise InputError(file, "profile.sha256",
                          f"plan was made for another profile ({plan.profile_name!r}); "
                          f"it does not match {profile.name!r}")
+    if len(plan.actions) > MAX_COUNT:
+        raise InputError(file, "actions", f"{len(plan.actions)} actions; at most {MAX_COUNT} are supported (R23)")
     if plan.schedule is not None:
-        problem = order_violation(profile, plan.schedule)
+        problem = schedule_problem(profile, plan.schedule)
         if problem is not None:
-            raise InputError(file, "schedule", problem[2])
+            raise InputError(file, "schedule", problem)
     for tid, tier in plan.initial.items():
-        tensor = profile.tensor_by_id.get(tid)
-        if tensor is None:
+        if tid not in profile.tensor_by_id:
             raise InputError(file, f"initial.{tid}", f"unknown tensor {tid!r}")
         if tier not in TIERS:
             raise InputError(file, f"initial.{tid}", f"must be one of {', '.join(TIERS)}, not {tier!r}")
-        if not tensor.persistent:
-            raise InputError(file, f"initial.{tid}",
-                             f"only persistent tensors can start off the GPU; {tid!r} is {tensor.kind} (R20)")
-    copies = set(plan.initial.items())  # (tensor, tier) pairs that some copy is written to
-    copies.update((a.tensor, a.to) for a in plan.actions if a.kind == "offload")
-    tensors, op_index, producer = profile.tensor_by_id, profile.op_index, profile.producer
+        if tier == "ssd" and not has_ssd:
+            raise InputError(file, f"initial.{tid}", "the hardware has no SSD")
+    tensors, op_index = profile.tensor_by_id, profile.op_index
     for i, action in enumerate(plan.actions):
         problem = _field_problem(action)
         if problem is not None:
             raise InputError(file, f"{_action_where(i, action)}.{problem[0]}", problem[1])
-        tensor = tensors.get(action.tensor)
-        if tensor is None:
+        if action.tensor not in tensors:
             raise InputError(file, f"{_action_where(i, action)}.tensor", f"unknown tensor {action.tensor!r}")
         for key, op_id in (("after", action.after), ("before", action.before)):
             if op_id is not None and op_id not in op_index:
                 raise InputError(file, f"{_action_where(i, action)}.{key}", f"unknown op {op_id!r}")
-        if action.kind == "prefetch" and (action.tensor, action.source) not in copies:
-            raise InputError(file, _action_where(i, action),
-                             f"prefetch from {action.source} of {action.tensor!r}, which is never "
-                             f"offloaded to {action.source} (nor placed there by initial)")
-        if action.kind == "recompute" and producer[action.tensor] is None:
-            raise InputError(file, _action_where(i, action),
-                             f"tensor {action.tensor!r} ({tensor.kind}) has no producer to recompute it")
+        if not has_ssd and "ssd" in (action.to, action.source):
+            key = "to" if action.kind == "offload" else "from"
+            raise InputError(file, f"{_action_where(i, action)}.{key}", "the hardware has no SSD")
 
 
 def _field_problem(action: Action) -> tuple[str, str] | None:

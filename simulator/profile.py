@@ -20,6 +20,7 @@ import yaml
 from .errors import InputError
 from .fields import Reader
 from .files import gzip_bytes, read_document, write_atomic
+from .units import MAX_BYTES, MAX_COUNT, MAX_US, us_to_ps
 
 FORMAT = "swapplan-profile/1"
 TENSOR_KINDS = ("weight", "activation", "gradient", "optimizer_state", "input", "other")
@@ -114,6 +115,7 @@ class Profile:
     peak_bytes: int = field(init=False, compare=False)
     peak_op: str | None = field(init=False, compare=False)
     ideal_us: float = field(init=False, compare=False)
+    ideal_ps: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.tensors = tuple(self.tensors)
@@ -145,6 +147,7 @@ class Profile:
 def _derive(profile: Profile) -> None:
     """Check references and order, then fill the derived fields of ``profile``."""
     file = profile.origin
+    _check_limits(profile)
     tensor_by_id: dict[str, Tensor] = {}
     for i, tensor in enumerate(profile.tensors):
         if tensor.id in tensor_by_id:
@@ -220,11 +223,31 @@ def _derive(profile: Profile) -> None:
     profile.updaters = {t: tuple(v) for t, v in updaters.items()}
     profile.first_use = first_use
     profile.last_use = last_use
-    ideal = 0.0
-    for op in profile.ops:  # left to right, as the simulator's clock adds them
-        ideal += op.time_us
-    profile.ideal_us = ideal
+    profile.ideal_ps = sum(us_to_ps(op.time_us) for op in profile.ops)  # R3: the rounded op times
+    profile.ideal_us = profile.ideal_ps / 10**6
     _derive_peak(profile)
+
+
+def _check_limits(profile: Profile) -> None:
+    """R23: sizes below 2^53 bytes, op times below 10^9 us, at most 10^7 ops and tensors
+    (for profiles built in memory too, not only those read from files)."""
+    file = profile.origin
+    for key, items in (("tensors", profile.tensors), ("ops", profile.ops)):
+        if len(items) > MAX_COUNT:
+            raise InputError(file, key, f"{len(items)} entries; at most {MAX_COUNT} are supported (R23)")
+    for i, tensor in enumerate(profile.tensors):
+        if isinstance(tensor.bytes, bool) or not isinstance(tensor.bytes, int) or not 0 <= tensor.bytes < MAX_BYTES:
+            raise InputError(file, f"tensors[{i}] ({tensor.id}).bytes",
+                             f"must be a whole number from 0 to 2^53 - 1, got {tensor.bytes!r} (R23)")
+    for i, op in enumerate(profile.ops):
+        where = f"ops[{i}] ({op.id})"
+        if not (isinstance(op.time_us, (int, float)) and math.isfinite(op.time_us) and 0 <= op.time_us < MAX_US):
+            raise InputError(file, f"{where}.time_us",
+                             f"must be a number from 0 to below 10^9 us, got {op.time_us!r} (R23)")
+        ws = op.workspace_bytes
+        if isinstance(ws, bool) or not isinstance(ws, int) or not 0 <= ws < MAX_BYTES:
+            raise InputError(file, f"{where}.workspace_bytes",
+                             f"must be a whole number from 0 to 2^53 - 1, got {ws!r} (R23)")
 
 
 def _producers_by_id(profile: Profile) -> dict[str, str]:
@@ -280,16 +303,10 @@ def order_violation(profile: Profile, order: Iterable[str]) -> tuple[str, str | 
     Returns None when the order is valid, else ``(op_id, tensor_id or None, problem)``.
     """
     order = list(order)
-    position: dict[str, int] = {}
-    for k, op_id in enumerate(order):
-        if op_id not in profile.op_index:
-            return op_id, None, f"unknown op {op_id!r}"
-        if op_id in position:
-            return op_id, None, f"op {op_id!r} appears twice"
-        position[op_id] = k
-    if len(position) != len(profile.ops):
-        missing = next(op.id for op in profile.ops if op.id not in position)
-        return missing, None, f"op {missing!r} is missing from the schedule"
+    problem = schedule_problem(profile, order)
+    if problem is not None:
+        return None, None, problem
+    position = {op_id: k for k, op_id in enumerate(order)}
     ops = profile.ops
     for op_id in order:
         op = ops[profile.op_index[op_id]]
@@ -304,6 +321,22 @@ def order_violation(profile: Profile, order: Iterable[str]) -> tuple[str, str | 
             updater = b if after in profile.updaters[tid] else a
             return updater, tid, (f"in-place update of {tid!r} by op {updater!r} is reordered "
                                   f"against op {(a if updater == b else b)!r}, which touches it (R21)")
+    return None
+
+
+def schedule_problem(profile: Profile, order) -> str | None:
+    """Why ``order`` is not a permutation of the profile's op ids (an unknown, repeated or
+    missing op), or None."""
+    seen: set[str] = set()
+    for op_id in order:
+        if op_id not in profile.op_index:
+            return f"unknown op {op_id!r}"
+        if op_id in seen:
+            return f"op {op_id!r} appears twice"
+        seen.add(op_id)
+    if len(seen) != len(profile.ops):
+        missing = next(op.id for op in profile.ops if op.id not in seen)
+        return f"op {missing!r} is missing from the schedule"
     return None
 
 

@@ -1,16 +1,17 @@
 """Compile a plan against a profile into the flat program the engine runs.
 
 Compiling decides everything that does not depend on timing (SIMULATION.md: "validity
-is decided from the plan, never from timing", R13): the compute sequence (R5), last
-uses (R8), offload windows (R11), and every static rule about residency (R11-R16, R20).
-A broken rule raises ``PlanInvalid`` naming the rule, the op and the tensor.
+is decided from the plan alone, never from timing"): the schedule (R21), the compute
+sequence (R5), last uses (R8), offload windows (R11), and every rule about residency
+(R11-R16, R20). A broken rule raises ``PlanInvalid`` naming the rule, the op and the
+tensor. The program it returns is static: the engine keeps its run state apart.
 
 The walk keeps, for each tensor, where the plan has put it:
 
     UNBORN   not produced yet (non-persistent)
     GPU      resident, readable and writable
     LEAVING  offloaded, its window open: readable, not writable (R11)
-    AWAY     not on the GPU (after its window, or dropped)
+    AWAY     not on the GPU (dropped, or started off the GPU)
     INCOMING a prefetch is issued; usable from its ``before`` op on (R12, R13)
     DEAD     freed after its last use
 """
@@ -19,9 +20,10 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from .hardware import Hardware
+from .compiled import CompiledProfile, Machine, Route
 from .plan import Action, Plan
-from .profile import Profile
+from .profile import Profile, order_violation
+from .sequence import Sequence, build_sequence
 
 UNBORN, GPU, LEAVING, AWAY, INCOMING, DEAD = "unborn", "gpu", "leaving", "away", "incoming", "dead"
 
@@ -36,23 +38,19 @@ class PlanInvalid(Exception):
 
 @dataclass(eq=False, slots=True)
 class Transfer:
-    """One offload or prefetch: its queues, duration and the static facts the engine needs."""
+    """One offload or prefetch as the plan fixes it; ``index`` is its place in
+    ``Program.transfers`` (the engine keeps its run state by that index)."""
+    index: int
     action: int                      # index in plan.actions
     kind: str                        # "offload" | "prefetch"
     tensor: str
     nbytes: int
     tier: str                        # "host" | "ssd"
-    queues: tuple[str, ...]          # ("d2h",), ("d2h", "ssd_write"), ("h2d",), ("h2d", "ssd_read")
-    duration_us: float
-    source: "Transfer | None" = None  # prefetch: the offload that wrote its source copy
+    route: Route
+    source: int = -1                 # prefetch: the offload that wrote its source copy (-1: initial)
     last_reader: int = -1            # offload: last item in its window that reads the tensor
     before_item: int = -1            # prefetch: first item that waits for it (-1: none)
     after_op: str | None = None
-    # Filled in by the engine as it runs.
-    seq: int = -1                    # enqueue order (R1, R9)
-    start_us: float = -1.0
-    end_us: float = -1.0
-    ended: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -60,36 +58,6 @@ class Drop:
     """A drop action: frees the GPU copy when its ``after`` op ends (R14)."""
     action: int
     tensor: str
-    offloads: tuple[Transfer, ...]   # offloads of the tensor issued before it (R14: none in flight)
-
-
-@dataclass
-class Sequence:
-    """The compute sequence (R5) as parallel lists indexed by item, plus its uses (R8).
-
-    Item k runs profile op ``op_index[k]``; ``recomputed[k]`` is the tensor it recomputes
-    (None for the op itself); ``group[k]`` is the op id whose group it belongs to.
-    """
-    op_index: list[int]
-    recomputed: list[str | None]
-    group: list[str]
-    allocs: list[tuple[str, ...]]        # tensors allocated at start
-    alloc_bytes: list[int]               # allocs + workspace
-    workspace: list[int]
-    time_us: list[float]
-    frees: list[tuple[str, ...]]         # non-persistent tensors whose last use it is (R7, R8)
-    uses: dict[str, list[int]]           # tensor -> items that read or update it
-    group_start: dict[str, int]          # op id -> first item of its group
-    op_item: dict[str, int]              # op id -> its own item
-    recompute_items: dict[str, list[int]]
-
-    def __len__(self) -> int:
-        return len(self.op_index)
-
-    def name(self, k: int) -> str:
-        """How messages name item k."""
-        tid = self.recomputed[k]
-        return self.group[k] if tid is None else f"recompute of {tid} before {self.group[k]}"
 
 
 @dataclass
@@ -102,128 +70,62 @@ class Program:
     actions: dict[int, list]             # Transfer | Drop enqueued when item k ends (R7)
     start_actions: list                  # actions with after = null, in plan order
     transfers: list[Transfer]
-    initial_gpu: list[str]               # persistent tensors resident at start
     initial_copies: dict[str, str]       # tensor -> tier, from plan.initial
-    tensor_bytes: dict[str, int]
 
 
-def link_speed(hardware: Hardware, kind: str, tier: str) -> tuple[float, float]:
-    """(latency in us, bytes per us) of an offload or prefetch to or from a tier (R17, R18).
-
-    An SSD transfer moves at the slower of its PCIe direction and the SSD; its latency is
-    PCIe + SSD through host memory, the SSD's alone for GPUDirect Storage.
-    """
-    pcie = hardware.pcie
-    link_gbps = pcie.d2h_gbps if kind == "offload" else pcie.h2d_gbps
-    latency = pcie.latency_us
-    if tier == "ssd":
-        ssd = hardware.ssd
-        if ssd is None:
-            return latency, link_gbps * 1e3
-        link_gbps = min(link_gbps, ssd.write_gbps if kind == "offload" else ssd.read_gbps)
-        latency = ssd.latency_us if ssd.path == "direct" else pcie.latency_us + ssd.latency_us
-    return latency, link_gbps * 1e3  # GB/s = 1e3 bytes per us
-
-
-def _queues(kind: str, tier: str) -> tuple[str, ...]:
-    if kind == "offload":
-        return ("d2h", "ssd_write") if tier == "ssd" else ("d2h",)
-    return ("h2d", "ssd_read") if tier == "ssd" else ("h2d",)
-
-
-def default_sequence(profile: Profile) -> Sequence:
-    """The sequence of the profile's own order with no recomputes, built once per profile."""
-    memo = profile.__dict__.get("_default_sequence")
-    if memo is None:
-        memo = build_sequence(profile, [op.id for op in profile.ops], {})
-        profile.__dict__["_default_sequence"] = memo
-    return memo
-
-
-def build_sequence(profile: Profile, order: list[str], recomputes: dict[str, list[str]]) -> Sequence:
-    """R5 and R8: for each op of ``order``, its recomputes (tensor ids, plan order), then the op."""
-    tensors = profile.tensor_by_id
-    seq = Sequence([], [], [], [], [], [], [], [], {}, {}, {}, {})
-    for op_id in order:
-        seq.group_start[op_id] = len(seq.op_index)
-        for tid in recomputes.get(op_id, ()):
-            producer = profile.producer[tid]
-            op = profile.ops[producer]
-            seq.recompute_items.setdefault(tid, []).append(len(seq.op_index))
-            _append(seq, producer, tid, op_id, (tid,), op.workspace_bytes, tensors[tid].bytes, op.time_us)
-            for read in dict.fromkeys(op.inputs):
-                seq.uses.setdefault(read, []).append(len(seq.op_index) - 1)
-        index = profile.op_index[op_id]
-        op = profile.ops[index]
-        allocs = tuple(dict.fromkeys(op.outputs))
-        seq.op_item[op_id] = len(seq.op_index)
-        _append(seq, index, None, op_id, allocs, op.workspace_bytes,
-                sum(tensors[t].bytes for t in allocs), op.time_us)
-        for read in op.inputs + op.updates:
-            uses = seq.uses.setdefault(read, [])
-            if not uses or uses[-1] != len(seq.op_index) - 1:
-                uses.append(len(seq.op_index) - 1)
-    frees: dict[int, list[str]] = {}
-    for tid, made_by in profile.producer.items():
-        if made_by is not None:  # R8: the last item that uses it, else its producer
-            uses = seq.uses.get(tid)
-            frees.setdefault(uses[-1] if uses else seq.op_item[profile.ops[made_by].id], []).append(tid)
-    seq.frees = [tuple(frees.get(k, ())) for k in range(len(seq.op_index))]
-    return seq
-
-
-def _append(seq: Sequence, op_index: int, recomputed, group, allocs, workspace, tensor_bytes, time_us) -> None:
-    seq.op_index.append(op_index)
-    seq.recomputed.append(recomputed)
-    seq.group.append(group)
-    seq.allocs.append(allocs)
-    seq.workspace.append(workspace)
-    seq.alloc_bytes.append(tensor_bytes + workspace)
-    seq.time_us.append(time_us)
-
-
-def compute_sequence(profile: Profile, plan: Plan) -> Sequence:
-    """The plan's compute sequence: the cached default one when the plan neither
+def compute_sequence(profile: Profile, compiled: CompiledProfile, plan: Plan) -> Sequence:
+    """The plan's compute sequence: the compiled default one when the plan neither
     reorders ops nor recomputes."""
     recomputes: dict[str, list[str]] = {}
     for action in plan.actions:
         if action.kind == "recompute":
             recomputes.setdefault(action.before, []).append(action.tensor)
     if plan.schedule is None and not recomputes:
-        return default_sequence(profile)
+        return compiled.default_sequence
     order = list(plan.schedule) if plan.schedule is not None else [op.id for op in profile.ops]
-    return build_sequence(profile, order, recomputes)
+    return build_sequence(profile, compiled.op_ps, order, recomputes)
 
 
-def _tensor_facts(profile: Profile) -> tuple[list[str], dict[str, int]]:
-    """Persistent tensor ids (profile order) and every tensor's bytes, built once per profile."""
-    memo = profile.__dict__.get("_tensor_facts")
-    if memo is None:
-        memo = ([t.id for t in profile.tensors if t.persistent], {t.id: t.bytes for t in profile.tensors})
-        profile.__dict__["_tensor_facts"] = memo
-    return memo
+def check_plan_rules(profile: Profile, plan: Plan) -> None:
+    """The rules checked before the walk, in this order: the schedule (R21), initial
+    placements of non-persistent tensors (R20), recomputes of persistent tensors (R15)."""
+    if plan.schedule is not None:
+        problem = order_violation(profile, plan.schedule)
+        if problem is not None:
+            raise PlanInvalid("R21", problem[0], problem[1], problem[2])
+    tensors = profile.tensor_by_id
+    for tid in plan.initial:
+        if not tensors[tid].persistent:
+            raise PlanInvalid("R20", None, tid, f"only persistent tensors can start off the GPU; {tid!r} is "
+                                                f"{tensors[tid].kind}")
+    for action in plan.actions:
+        if action.kind == "recompute" and tensors[action.tensor].persistent:
+            raise PlanInvalid("R15", action.before, action.tensor,
+                              f"recompute of persistent tensor {action.tensor!r} ({tensors[action.tensor].kind})")
 
 
-def compile_program(profile: Profile, plan: Plan, hardware: Hardware) -> Program:
+def compile_program(profile: Profile, compiled: CompiledProfile, plan: Plan, machine: Machine) -> Program:
     """Build the program and check every rule decidable from the plan.
 
     Only the tensors the plan names can leave the GPU, so the walk visits only the
     items that touch them (their uses, producer and last use), the recomputes, and the
     ops that have actions after them or prefetches before them: its cost grows with
     the plan, not the profile. Raises PlanInvalid (rule, op, tensor, reason). Assumes
-    ``check_plan`` passed.
+    ``check_plan`` passed (ids are known, SSD actions have an SSD).
     """
-    return _Compiler(profile, plan, hardware).compile()
+    check_plan_rules(profile, plan)
+    return _Compiler(profile, compiled, plan, machine).compile()
 
 
 class _Compiler:
     """One static walk of a plan over its compute sequence (see the module docstring)."""
 
-    def __init__(self, profile: Profile, plan: Plan, hardware: Hardware):
+    def __init__(self, profile: Profile, compiled: CompiledProfile, plan: Plan, machine: Machine):
         self.profile = profile
+        self.compiled = compiled
         self.plan = plan
-        self.hardware = hardware
-        self.seq = compute_sequence(profile, plan)
+        self.machine = machine
+        self.seq = compute_sequence(profile, compiled, plan)
         self.tensors = profile.tensor_by_id
         self.planned = set(plan.initial) | {a.tensor for a in plan.actions}
         self.state: dict[str, str] = {}
@@ -236,13 +138,10 @@ class _Compiler:
             self.copies[tid][tier] = True
         self.open_offload: dict[str, Transfer] = {}    # tensor -> offload whose window is open
         self.last_offload_to: dict[tuple[str, str], Transfer] = {}
-        self.offloads_of: dict[str, list[Transfer]] = {}
         self.incoming: dict[str, int] = {}              # tensor -> its prefetch's before item (-1: end)
         self.incoming_at: dict[int, list[str]] = {}
         self.updated_at: dict[str, list[int]] = {}
         self.transfers: list[Transfer] = []
-        self.links = {(kind, tier): (_queues(kind, tier), *link_speed(hardware, kind, tier))
-                      for kind in ("offload", "prefetch") for tier in ("host", "ssd")}
         self.waits: dict[int, list[Transfer]] = {}
         self.actions: dict[int, list] = {}
         self.start_actions: list = []
@@ -350,11 +249,9 @@ class _Compiler:
         for transfer in self.transfers:
             if transfer.kind == "offload" and transfer.last_reader >= 0:
                 releases.setdefault(transfer.last_reader, []).append(transfer)
-        persistent_ids, tensor_bytes = _tensor_facts(profile)
         return Program(seq=seq, waits=self.waits, releases=releases, actions=self.actions,
                        start_actions=self.start_actions, transfers=self.transfers,
-                       initial_gpu=[t for t in persistent_ids if t not in plan.initial],
-                       initial_copies=dict(plan.initial), tensor_bytes=tensor_bytes)
+                       initial_copies=dict(plan.initial))
 
     def check_use(self, tid: str, k: int, verb: str) -> None:
         st = self.state[tid]
@@ -392,7 +289,7 @@ class _Compiler:
         for tid, before in list(self.incoming.items()):
             if before == -1:
                 self.state[tid] = GPU
-        for tid in _tensor_facts(self.profile)[0]:
+        for tid in self.compiled.persistent_ids:
             if tid not in self.planned:
                 continue
             st = self.state[tid]
@@ -426,18 +323,12 @@ class _Compiler:
         if st != GPU:
             raise self.invalid("R11", k, tid, f"offload of {tid!r} after {where}: it is not resident "
                                               f"({_state_words(st)})")
-        if action.to == "ssd" and self.hardware.ssd is None:
-            raise self.invalid("R18", k, tid, f"offload of {tid!r} to ssd: hardware {self.hardware.name} "
-                                              "has no SSD")
-        nbytes = self.tensors[tid].bytes
-        queues, latency_us, bytes_per_us = self.links[("offload", action.to)]
-        transfer = Transfer(action_index, "offload", tid, nbytes, action.to, queues,
-                            latency_us + nbytes / bytes_per_us, None, -1, -1, after)
+        transfer = Transfer(len(self.transfers), action_index, "offload", tid, self.tensors[tid].bytes, action.to,
+                            self.machine.route("offload", action.to), -1, -1, -1, after)
         self.state[tid] = LEAVING
         self.open_offload[tid] = transfer
         self.copies[tid][action.to] = True
         self.last_offload_to[(tid, action.to)] = transfer
-        self.offloads_of.setdefault(tid, []).append(transfer)
         self.transfers.append(transfer)
         sink.append(transfer)
 
@@ -449,9 +340,6 @@ class _Compiler:
                                               f"{'resident' if st == GPU else 'incoming'}")
         if st in (UNBORN, DEAD):
             raise self.invalid("R12", k, tid, f"prefetch of {tid!r} after {where}: it is {_state_words(st)}")
-        if action.source == "ssd" and self.hardware.ssd is None:
-            raise self.invalid("R18", k, tid, f"prefetch of {tid!r} from ssd: hardware {self.hardware.name} "
-                                              "has no SSD")
         if not self.copies[tid].get(action.source):
             raise self.invalid("R12", k, tid, f"prefetch of {tid!r} from {action.source} after {where}: "
                                               "no valid copy there (never written, or made stale by an "
@@ -469,17 +357,16 @@ class _Compiler:
             raise self.invalid("R12", k, tid, f"prefetch of {tid!r} with before=null: only persistent "
                                               "tensors can be returned by the end of the iteration")
         self.close_window(tid)
-        nbytes = self.tensors[tid].bytes
-        queues, latency_us, bytes_per_us = self.links[("prefetch", action.source)]
-        transfer = Transfer(action_index, "prefetch", tid, nbytes, action.source, queues,
-                            latency_us + nbytes / bytes_per_us, self.last_offload_to.get((tid, action.source)),
-                            -1, before_item, after)
+        source = self.last_offload_to.get((tid, action.source))
+        transfer = Transfer(len(self.transfers), action_index, "prefetch", tid, self.tensors[tid].bytes,
+                            action.source, self.machine.route("prefetch", action.source),
+                            -1 if source is None else source.index, -1, before_item, after)
         self.state[tid] = INCOMING
         self.incoming[tid] = before_item
         if before_item >= 0:
             self.incoming_at.setdefault(before_item, []).append(tid)
-            for j in range(before_item, self.seq.op_item[action.before] + 1):
-                self.waits.setdefault(j, []).append(transfer)
+            # the first item of the before op's group waits; the rest of the group runs after it
+            self.waits.setdefault(before_item, []).append(transfer)
         self.transfers.append(transfer)
         sink.append(transfer)
 
@@ -488,14 +375,17 @@ class _Compiler:
         if st not in (GPU, LEAVING):
             raise self.invalid("R14", k, tid, f"drop of {tid!r} after {where}: it is not resident "
                                               f"({_state_words(st)})")
+        if st == LEAVING:
+            raise self.invalid("R14", k, tid, f"drop of {tid!r} after {where}: inside the window of its offload "
+                                              f"after {self.open_offload[tid].after_op or 'iteration start'!r}, "
+                                              "which releases the GPU copy itself")
         next_use, recomputed_first = self.next_reference(tid, k)
         never_again = not self.tensors[tid].persistent and next_use is None
         if not (any(self.copies[tid].values()) or recomputed_first or never_again):
             raise self.invalid("R14", k, tid, f"drop of {tid!r} after {where}: no valid copy in host or "
                                               "SSD, and it is used again without a recompute")
-        self.open_offload.pop(tid, None)
         self.state[tid] = DEAD if never_again else AWAY
-        sink.append(Drop(action_index, tid, tuple(self.offloads_of.get(tid, ()))))
+        sink.append(Drop(action_index, tid))
 
 
 def _state_words(st: str) -> str:

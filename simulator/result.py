@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 @dataclass
 class Span:
     """One busy interval on a track: an op, a recompute or a transfer."""
-    track: str          # compute | h2d | d2h | ssd_read | ssd_write
+    track: str          # compute | h2d | d2h | ssd_read | ssd_write (the streams)
     name: str
     start_us: float
     end_us: float
@@ -21,6 +21,8 @@ class Timeline:
     memory: list[tuple[float, int]] = field(default_factory=list)  # (time_us, bytes) after each change
     budget_bytes: int = 0
     phases: list[tuple[str, float, float]] = field(default_factory=list)  # (phase, start, end)
+    link_rates: list[tuple[float, dict]] = field(default_factory=list)   # (time_us, link -> bytes/s) at each change
+    link_capacity: dict = field(default_factory=dict)                     # link -> bytes/s
 
 
 @dataclass
@@ -54,12 +56,15 @@ class Result:
     bytes_d2h: int = 0
     bytes_ssd_read: int = 0
     bytes_ssd_write: int = 0
-    busy_us: dict = field(default_factory=dict)
+    busy_us: dict = field(default_factory=dict)       # stream -> time a transfer ran on it (latency included)
+    link_bytes: dict = field(default_factory=dict)    # link -> bytes that crossed it (R18)
+    link_utilisation: dict = field(default_factory=dict)  # link -> bytes / (capacity x iteration)
     host_peak_bytes: int = 0
     ssd_peak_bytes: int = 0
     transfers: int = 0
     recomputes: int = 0
     stall_by_op: dict = field(default_factory=dict)   # op id -> {"data_us", "memory_us"}
+    progress: float = 1.0                            # share of the compute sequence that ran (0 if invalid)
     blocked: dict | None = None                      # infeasible: what waits and why
     timeline: Timeline | None = field(default=None, repr=False)
 

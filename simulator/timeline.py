@@ -1,7 +1,9 @@
 """Export a simulated timeline as a Chrome trace (Perfetto, chrome://tracing).
 
-One track per resource (compute, h2d, d2h, ssd_read, ssd_write), ops and transfers
-named by op / tensor, a GPU-memory counter track and a budget counter track.
+One track per stream (compute, h2d, d2h, ssd_read, ssd_write), ops and transfers
+named by op / tensor, a GPU-memory counter, a budget counter, and one counter per link
+(pcie_down, pcie_up, ssd_read_link, ssd_write_link) in GB/s that steps each time the
+flows on it change, so that a user sees links being shared (R17).
 """
 from __future__ import annotations
 
@@ -37,6 +39,12 @@ def chrome_trace(result: Result, title: str = "swapplan") -> dict:
     for time_us in (0.0, result.iteration_us):
         events.append({"name": "budget (bytes)", "ph": "C", "pid": pid, "ts": time_us,
                        "args": {"budget": timeline.budget_bytes}})
+    used = {link for _, rates in timeline.link_rates for link, rate in rates.items() if rate}
+    for time_us, rates in timeline.link_rates:
+        for link, rate in rates.items():
+            if link in used:
+                events.append({"name": f"{link} (GB/s)", "ph": "C", "pid": pid, "ts": time_us,
+                               "args": {"rate": rate / 1e9, "capacity": timeline.link_capacity[link] / 1e9}})
     summary = {k: v for k, v in result.to_dict().items() if k not in ("stall_by_op",)}
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"swapplan": summary}}
 

@@ -1,7 +1,11 @@
 """Sizes and budgets as people write them: ``123``, ``8GiB``, ``512MB``, ``1.5TB``, ``60%``.
 
 KB/MB/GB/TB are decimal (1000**n), KiB/MiB/GiB/TiB binary (1024**n) (rule R3).
-Bytes are always integers.
+Bytes are always integers; a size with a fraction rounds to the nearest byte.
+
+Inside the engine time is an integer number of picoseconds and bandwidth an integer
+number of bytes per second (R3); ``us_to_ps`` and ``gbps_to_bytes_per_s`` are the one
+place those conversions are made. The R23 limits live here too.
 """
 from __future__ import annotations
 
@@ -9,6 +13,29 @@ import math
 import re
 
 from .errors import InputError
+
+# R23: inputs the engine accepts. Sizes below 2^53 bytes, times below 10^9 us,
+# bandwidths in (0, 10^6] GB/s and at most 10^7 ops, tensors or actions.
+MAX_BYTES = 2**53
+MAX_US = 1e9
+MAX_GBPS = 1e6
+MAX_COUNT = 10**7
+PS_PER_US = 10**6
+
+
+def us_to_ps(us: float) -> int:
+    """A time in microseconds as integer picoseconds: floor(us * 10^6 + 0.5) in doubles (R3)."""
+    return int(math.floor(us * 1e6 + 0.5))
+
+
+def gbps_to_bytes_per_s(gbps: float) -> int:
+    """A bandwidth in GB/s as integer bytes per second: floor(GB/s * 10^9 + 0.5) in doubles (R3)."""
+    return int(math.floor(gbps * 1e9 + 0.5))
+
+
+def ps_to_us(ps: int) -> float:
+    """Integer picoseconds back to microseconds (correctly rounded)."""
+    return ps / PS_PER_US
 
 _UNITS = {
     "": 1, "B": 1,
@@ -21,8 +48,8 @@ _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*
 def parse_size(text, where: str = "size", file: str = "<argument>") -> int:
     """Parse a byte count such as ``123``, ``8GiB``, ``512MB`` or ``1.5TB``.
 
-    Returns an int (fractions of a byte are rounded down). Raises InputError on
-    anything else, including negative values and unknown units.
+    Returns an int (a fraction of a byte rounds to the nearest byte, halves up). Raises
+    InputError on anything else, including negative values and unknown units.
     """
     if isinstance(text, bool):
         raise InputError(file, where, f"expected a size, got {text!r}")
@@ -33,7 +60,7 @@ def parse_size(text, where: str = "size", file: str = "<argument>") -> int:
     if isinstance(text, float):
         if not math.isfinite(text) or text < 0:
             raise InputError(file, where, f"size must be a finite number >= 0, got {text}")
-        return int(text)
+        return int(math.floor(text + 0.5))
     if not isinstance(text, str):
         raise InputError(file, where, f"expected a size such as 8GiB, got {text!r}")
     match = _SIZE.match(text)
@@ -46,7 +73,7 @@ def parse_size(text, where: str = "size", file: str = "<argument>") -> int:
     value = float(number) * (10 ** int(exponent) if exponent else 1) * factor
     if not math.isfinite(value):
         raise InputError(file, where, f"size {text!r} is too large")
-    return int(value)
+    return int(math.floor(value + 0.5))
 
 
 def parse_budget(text, peak_bytes: int, where: str = "budget", file: str = "<argument>") -> int:

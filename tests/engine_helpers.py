@@ -5,8 +5,10 @@ The test machine moves 1 byte per microsecond over PCIe (0.001 GB/s) each way an
 """
 from __future__ import annotations
 
+from simulator import fastpath
+from simulator.api import Simulator
 from simulator.hardware import hardware_from_dict
-from simulator.plan import Plan
+from simulator.plan import Plan, check_plan
 from tests.conftest import make_profile
 
 
@@ -43,3 +45,29 @@ CHAIN_OPS = [
 
 def chain():
     return make_profile(CHAIN_TENSORS, CHAIN_OPS, "chain")
+
+
+def both_paths(profile, plan, hardware, budget_bytes=None, record=False):
+    """Simulate with the Python reference and, when it is built, the C path alone, and
+    check that they agree: the same Result for a valid plan (feasible or not), the same
+    rule, op and tensor for an invalid one. Returns the reference Result."""
+    sim = Simulator(profile, hardware)
+    reference = sim.simulate(plan, budget_bytes, record=record, reference=True)
+    if fastpath.available():
+        check_plan(plan, profile, sim.machine.has_ssd)
+        budget = sim.budget(plan, budget_bytes)
+        out = fastpath._run(sim.compiled, sim.machine, plan, budget)
+        assert out[0] != fastpath.OVERFLOW or reference.iteration_us * 1e6 >= 2**63
+        if reference.valid:
+            fast = fastpath.simulate(sim.compiled, sim.machine, plan, budget)
+            assert fast is not None or out[0] == fastpath.OVERFLOW
+            if fast is not None:
+                assert fast.to_dict() == reference.to_dict()
+        else:
+            assert out[0] == fastpath.INVALID
+            ops, tensors = sim.compiled.op_ids, sim.compiled.tensor_ids
+            got = (f"R{out[1]}", ops[out[2]] if out[2] >= 0 else None, tensors[out[3]] if out[3] >= 0 else None)
+            assert got == (reference.rule, reference.op, reference.tensor), reference.reason
+        score = sim.score(plan, budget_bytes)
+        assert (score.valid, score.feasible, score.rule) == (reference.valid, reference.feasible, reference.rule)
+    return reference

@@ -196,7 +196,7 @@ def test_simulate_budget_percent_and_text_summary(two_layer, profile_file, tmp_p
     result = run("simulate", str(profile_file), str(plan_path), "--budget", "100%")
     assert result.exit_code == 0, result.output
     assert "two-layer on a100-40gb-pcie4, budget 450 B: ok" in result.output
-    assert "iteration" in result.output and "moved" in result.output
+    assert "iteration" in result.output and "pcie_up 40 B (" in result.output and "pcie_down 40 B (" in result.output
 
 
 def test_simulate_bad_budget_exit_2(profile_file):
@@ -224,7 +224,7 @@ def test_simulate_writes_timeline_and_plot(two_layer, profile_file, tmp_path):
     names = {e["name"] for e in events if e["ph"] == "X"}
     assert {"f1", "b2", "offload a1", "prefetch a1"} <= names
     counters = {e["name"] for e in events if e["ph"] == "C"}
-    assert counters == {"GPU memory (bytes)", "budget (bytes)"}
+    assert counters == {"GPU memory (bytes)", "budget (bytes)", "pcie_up (GB/s)", "pcie_down (GB/s)"}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -7,27 +7,17 @@ from __future__ import annotations
 
 import pytest
 
-from simulator import fastpath
-from simulator.engine import simulate as engine_simulate
 from simulator.errors import InputError
 from simulator.plan import drop, offload, prefetch, recompute
 from tests.conftest import make_profile
-from tests.engine_helpers import chain, machine, plan
+from tests.engine_helpers import both_paths, chain, machine, plan
 
 HW = machine()
 
 
 def simulate(profile, plan, hardware, budget_bytes=None, record=False):
-    """Every test here runs both paths: the pure-Python reference (returned, with its
-    timeline when asked) and the C simulator alone (compile and run), which must give
-    the same result when the plan is valid and feasible and report failure (None) when
-    it is not."""
-    reference = engine_simulate(profile, plan, hardware, budget_bytes, record=record, reference=True)
-    assert engine_simulate(profile, plan, hardware, budget_bytes).to_dict() == reference.to_dict()
-    if fastpath.available():
-        fast = fastpath.simulate_fast(profile, plan, hardware, reference.budget_bytes)
-        assert (fast is None) if not reference.ok else (fast.to_dict() == reference.to_dict())
-    return reference
+    """Every test here runs both paths (tests/engine_helpers.py: both_paths)."""
+    return both_paths(profile, plan, hardware, budget_bytes, record)
 
 
 def spans(result, track):
@@ -263,7 +253,7 @@ def test_r10_infeasible_names_what_waits_bytes_and_residents():
     r = simulate(p, plan(p, offload("a", "g2"), prefetch("a", "g2", "g3")), HW, budget_bytes=160)
     assert r.valid and not r.feasible and r.rule == "R10"
     assert (r.op, r.tensor) == ("g3", "a")
-    assert r.reason == ("op 'g3' waits for the prefetch of 'a', which waits for memory: needs 100 bytes, "
+    assert r.reason == ("the prefetch of 'a' waits for memory (op 'g3' waits): needs 100 bytes, "
                         "90 free; largest residents: c (40 B), x (20 B), w (10 B)")
     assert r.blocked["needed_bytes"] == 100 and r.blocked["free_bytes"] == 90
     assert r.blocked["largest_residents"] == [{"tensor": "c", "bytes": 40}, {"tensor": "x", "bytes": 20},
@@ -357,8 +347,10 @@ def test_r12_prefetch_waiting_for_memory_blocks_its_queue():
 
 
 def test_r13_use_of_a_dropped_tensor_is_invalid():
+    # a's window closes at its prefetch (after f1), so the drop after f2 is valid (its host
+    # copy is valid); b1 then reads a, which is gone.
     p = chain()
-    r = simulate(p, plan(p, offload("a", "f1"), drop("a", "f2")), HW)
+    r = simulate(p, plan(p, offload("a", "f1"), prefetch("a", "f1", "f2"), drop("a", "f2")), HW)
     assert_invalid(r, "R13", "b1", "a", "b1 reads 'a', which is not resident")
 
 
@@ -393,10 +385,10 @@ def test_r14_persistent_tensor_has_no_copy_until_offloaded():
     assert_invalid(r, "R14", "k", "w", "no valid copy")
 
 
-def test_r14_drop_with_offload_in_flight_is_invalid():
+def test_r14_drop_inside_an_offload_window_is_invalid():
     p = chain()
     r = simulate(p, plan(p, offload("a", "f2"), drop("a", "f2"), prefetch("a", "f3", "b1")), HW)
-    assert_invalid(r, "R14", "f2", "a", "still in flight")
+    assert_invalid(r, "R14", "f2", "a", "inside the window of its offload after 'f2'")
 
 
 CHAIN_TENSORS_LONG = {"a": (100, "activation"), "b": (50, "activation"), "c": (50, "activation"),
@@ -406,12 +398,14 @@ CHAIN_OPS_LONG = [("f1", "forward", 10.0, [], ["a"]), ("f2", "forward", 10.0, ["
                   ("b1", "backward", 10.0, ["d", "a"], ["e"]), ("b2", "backward", 10.0, ["e"], [])]
 
 
-def test_r14_drop_after_completed_offload_is_valid():
-    # offload a after f2 (20-120); f4 is long (30-230), so when the drop after f4 comes
-    # the copy is complete.
+def test_r14_drop_in_a_window_is_invalid_however_long_the_copy_took():
+    # v2: offload a after f2 (20-120); f4 is long (30-230), so the copy is complete when
+    # the drop after f4 comes, but the drop is inside the offload's window (f2 up to the
+    # prefetch after f4): invalid from the plan alone, on every machine.
     p = make_profile(CHAIN_TENSORS_LONG, CHAIN_OPS_LONG, "long")
-    r = simulate(p, plan(p, offload("a", "f2"), drop("a", "f4"), prefetch("a", "f4", "b1")), HW, budget_bytes=1000)
-    assert r.ok, r.reason
+    pl = plan(p, offload("a", "f2"), drop("a", "f4"), prefetch("a", "f4", "b1"))
+    for hw in (HW, machine(h2d=1.0, d2h=1.0), machine(d2h=1e-6)):
+        assert_invalid(simulate(p, pl, hw, budget_bytes=1000), "R14", "f4", "a", "inside the window")
 
 
 # ----------------------------------------------------------------------------- R15
@@ -515,15 +509,18 @@ def test_r17_half_duplex_prefetch_waiting_for_memory_does_not_hold_the_link():
     assert spans(r, "h2d")[0] == ("prefetch w", 30.0, 110.0)
 
 
-def test_r18_ssd_transfer_holds_pcie_and_ssd_at_the_slower_rate():
-    # to SSD: min(1, 0.5) B/us -> 100 B in 200 us, plus latency 5 (PCIe) + 20 (SSD).
+def test_r18_a_lone_ssd_transfer_moves_at_the_slower_link():
+    # to SSD on ssd_write alone: one flow over pcie_up (1 B/us) and the SSD link (0.5 B/us)
+    # -> 100 B in 200 us, after latency 5 (PCIe) + 20 (SSD); back the same way on ssd_read.
     p = chain()
     hw = machine(pcie_latency=5, ssd_latency=20)
     r = simulate(p, plan(p, offload("a", "f2", "ssd"), prefetch("a", "f3", "b1", "ssd")), hw,
                  budget_bytes=1000, record=True)
-    assert spans(r, "d2h") == [("offload a", 20.0, 245.0)] == spans(r, "ssd_write")
-    assert spans(r, "h2d") == [("prefetch a", 245.0, 470.0)] == spans(r, "ssd_read")
+    assert spans(r, "ssd_write") == [("offload a", 20.0, 245.0)] and spans(r, "d2h") == []
+    assert spans(r, "ssd_read") == [("prefetch a", 245.0, 470.0)] and spans(r, "h2d") == []
+    # bytes count on the SSD and the PCIe figures
     assert (r.bytes_d2h, r.bytes_ssd_write, r.bytes_h2d, r.bytes_ssd_read) == (100, 100, 100, 100)
+    assert r.busy_us["d2h"] == 0.0 and r.busy_us["ssd_write"] == 225.0
     assert r.ssd_peak_bytes == 100 and r.host_peak_bytes == 0  # host staging is not charged
 
 
@@ -573,8 +570,11 @@ def test_r21_reordered_schedule_is_honoured():
     p = make_profile(PAIR_TENSORS, PAIR_OPS, "pair")
     r = simulate(p, plan(p, schedule=("p2", "p1", "p3", "p4")), HW, budget_bytes=1000, record=True)
     assert [n for n, _, _ in spans(r, "compute")] == ["p2", "p1", "p3", "p4"]
-    with pytest.raises(InputError, match="schedule"):
-        simulate(p, plan(p, schedule=("p3", "p2", "p1", "p4")), HW)
+    # v2: a schedule that breaks a dependency is a rule break (a result), not an input error
+    assert_invalid(simulate(p, plan(p, schedule=("p3", "p2", "p1", "p4")), HW), "R21", "p3", "c",
+                   "runs before op 'p2', which produces tensor 'c'")
+    with pytest.raises(InputError, match="missing"):   # not a permutation: an input error
+        simulate(p, plan(p, schedule=("p2", "p1", "p3")), HW)
 
 
 def test_r22_iteration_ends_when_the_last_transfer_ends():
@@ -589,8 +589,8 @@ def test_r22_iteration_ends_when_the_last_transfer_ends():
     assert r.ok and r.iteration_us == 210.0 and r.tail_us == 100.0
 
 
-def test_r18_ssd_action_on_a_machine_without_ssd_is_invalid():
+def test_an_ssd_action_on_a_machine_without_ssd_is_an_input_error():
     from dataclasses import replace
     p = chain()
-    r = simulate(p, plan(p, offload("a", "f2", "ssd"), prefetch("a", "f3", "b1", "ssd")), replace(HW, ssd=None))
-    assert_invalid(r, "R18", "f2", "a", "has no SSD")
+    with pytest.raises(InputError, match=r"actions\[0\] \(offload a\)\.to: the hardware has no SSD"):
+        simulate(p, plan(p, offload("a", "f2", "ssd"), prefetch("a", "f3", "b1", "ssd")), replace(HW, ssd=None))

@@ -106,28 +106,9 @@ def test_check_unknown_op(two_layer):
         _plan(two_layer, [offload("a1", "f1"), prefetch("a1", "f2", "zz")]), two_layer)
 
 
-def test_check_prefetch_never_offloaded(two_layer):
-    assert "never offloaded to host" in _check_error(_plan(two_layer, [prefetch("a1", "f2", "b2")]), two_layer)
-
-
-def test_check_prefetch_from_wrong_tier(two_layer):
-    msg = _check_error(_plan(two_layer, [offload("a1", "f1", "host"), prefetch("a1", "f2", "b2", "ssd")]), two_layer)
-    assert "prefetch from ssd of 'a1', which is never offloaded to ssd" in msg
-
-
 def test_check_prefetch_of_initial_placement_is_fine(two_layer):
     check_plan(_plan(two_layer, [prefetch("w1", None, "f1", "ssd"), offload("w1", "u1", "ssd")],
                      initial={"w1": "ssd"}), two_layer)
-
-
-def test_check_recompute_without_producer(two_layer):
-    assert "tensor 'w1' (weight) has no producer to recompute it" in _check_error(
-        _plan(two_layer, [recompute("w1", "f1")]), two_layer)
-
-
-def test_check_initial_non_persistent(two_layer):
-    assert "initial.a1: only persistent tensors can start off the GPU" in _check_error(
-        _plan(two_layer, initial={"a1": "host"}), two_layer)
 
 
 @pytest.mark.parametrize("action, where, words", [
@@ -153,11 +134,28 @@ def test_check_initial_unknown(two_layer):
     assert "initial.zz: unknown tensor 'zz'" in _check_error(_plan(two_layer, initial={"zz": "host"}), two_layer)
 
 
-def test_check_schedule_breaks_dependency(two_layer):
-    order = ("f2", "f1", "loss", "b2", "b1", "u2", "u1")
-    assert "schedule: op 'f2' runs before op 'f1', which produces tensor 'a1'" in _check_error(
-        _plan(two_layer, schedule=order), two_layer)
-
-
 def test_check_schedule_incomplete(two_layer):
     assert "schedule: op 'f2' is missing" in _check_error(_plan(two_layer, schedule=("f1",)), two_layer)
+
+
+@pytest.mark.parametrize("actions, initial, schedule, rule, tensor, words", [
+    ([prefetch("a1", "f2", "b2")], {}, None, "R12", "a1", "it is already resident"),
+    ([offload("a1", "f1", "host"), prefetch("a1", "f2", "b2", "ssd")], {}, None, "R12", "a1", "no valid copy there"),
+    ([recompute("w1", "f1")], {}, None, "R15", "w1", "recompute of persistent tensor 'w1'"),
+    ([], {"a1": "host"}, None, "R20", "a1", "only persistent tensors can start off the GPU"),
+    ([], {}, ("f2", "f1", "loss", "b2", "b1", "u2", "u1"), "R21", "a1", "op 'f2' runs before op 'f1'"),
+])
+def test_rule_breaks_pass_check_plan_and_are_results(two_layer, actions, initial, schedule, rule, tensor, words):
+    """v2: a plan that breaks a simulation rule is an invalid result, not an input error."""
+    from tests.engine_helpers import both_paths, machine
+    pl = _plan(two_layer, actions, initial=initial, schedule=schedule)
+    check_plan(pl, two_layer)
+    result = both_paths(two_layer, pl, machine())
+    assert (result.valid, result.rule, result.tensor) == (False, rule, tensor)
+    assert words in result.reason
+
+
+def test_check_ssd_on_a_machine_without_one(two_layer):
+    pl = _plan(two_layer, [prefetch("w1", None, "f1", "ssd"), offload("w1", "u1", "ssd")], initial={"w1": "ssd"})
+    with pytest.raises(InputError, match=r"initial.w1: the hardware has no SSD"):
+        check_plan(pl, two_layer, has_ssd=False)

@@ -1,0 +1,149 @@
+"""Compile a profile and a machine once; simulate or score many plans on them.
+
+``Simulator(profile, hardware)`` is what a search uses (the genetic and ILP planners, a
+tuner): ``score(plan)`` and ``score_many(plans)`` return a small ``Score`` from the C
+fast path, with graded failure so that candidates can be ranked, and never fall back
+to the Python reference to explain themselves. ``simulate(plan)`` returns the full
+Result (reasons, per-op stalls, a timeline with ``record``) for people and files.
+"""
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from . import fastpath
+from .compiled import compile_machine, compile_profile
+from .engine import invalid_result, resolve_budget, run_program
+from .hardware import Hardware
+from .plan import Plan, check_plan
+from .profile import Profile
+from .program import PlanInvalid, compile_program
+from .result import Result
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """How good a plan is, in a form a search can rank.
+
+    ``valid`` False: the plan breaks ``rule`` (at ``op``, on ``tensor``). ``feasible``
+    False: it is valid but does not run in the budget; ``over_budget_bytes`` says by
+    how much (its peak with no budget, minus the budget), ``op`` where it stopped and
+    ``progress`` the share of the compute sequence that ran. Otherwise
+    ``iteration_us`` and ``overhead``.
+    """
+    valid: bool
+    feasible: bool
+    iteration_us: float
+    overhead: float
+    peak_bytes: int
+    over_budget_bytes: int = 0
+    progress: float = 1.0
+    rule: str | None = None
+    op: str | None = None
+    tensor: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.valid and self.feasible
+
+    def rank(self) -> tuple:
+        """Smaller is better: feasible plans by iteration time, then infeasible ones by
+        bytes over budget, then invalid ones by how late they break a rule."""
+        if self.ok:
+            return (0, self.iteration_us)
+        if self.valid:
+            return (1, self.over_budget_bytes, -self.progress)
+        return (2,)
+
+
+class Simulator:
+    """A profile and a machine compiled once (simulator/compiled.py), and the plans
+    simulated on them."""
+
+    def __init__(self, profile: Profile, hardware: Hardware):
+        self.profile = profile
+        self.hardware = hardware
+        self.compiled = compile_profile(profile)
+        self.machine = compile_machine(hardware)
+        self._names = None
+
+    def budget(self, plan: Plan, budget_bytes: int | None = None) -> int:
+        """R2: the budget a plan runs under."""
+        return resolve_budget(budget_bytes, plan, self.hardware)
+
+    def simulate(self, plan: Plan, budget_bytes: int | None = None, record: bool = False,
+                 reference: bool = False) -> Result:
+        """Simulate ``plan``: the full Result.
+
+        ``budget_bytes`` None takes the plan's, then the GPU's (R2). ``record`` keeps a
+        Timeline in ``result.timeline``. ``reference`` always uses the Python reference;
+        otherwise the C fast path runs when it is built (the reference explains an
+        invalid plan's reason, and runs a plan whose times would overflow 64 bits).
+
+        Raises InputError for structural problems (unknown ids, a plan for another
+        profile, an SSD action on a machine without one) and a budget above the GPU's
+        memory. A plan that breaks a rule is a Result with ``valid`` False.
+        """
+        with _gc_paused():
+            check_plan(plan, self.profile, self.machine.has_ssd)
+            budget = self.budget(plan, budget_bytes)
+            if not (record or reference) and fastpath.available():
+                result = fastpath.simulate(self.compiled, self.machine, plan, budget)
+                if result is not None:
+                    return result
+            return self._reference(plan, budget, record)
+
+    def _reference(self, plan: Plan, budget: int, record: bool) -> Result:
+        try:
+            program = compile_program(self.profile, self.compiled, plan, self.machine)
+        except PlanInvalid as exc:
+            return invalid_result(exc, budget, self.compiled)
+        if record and self._names is None:
+            self._names = [(op.id, op.name, op.phase) for op in self.profile.ops]
+        return run_program(self.compiled, program, self.machine, budget, record, self._names)
+
+    def score(self, plan: Plan, budget_bytes: int | None = None) -> Score:
+        """Score one plan (see ``Score``); the C fast path when built."""
+        with _gc_paused():
+            return self._score(plan, budget_bytes)
+
+    def score_many(self, plans, budget_bytes: int | None = None) -> list[Score]:
+        """Score plans one after the other, in order."""
+        with _gc_paused():
+            return [self._score(plan, budget_bytes) for plan in plans]
+
+    def _score(self, plan: Plan, budget_bytes: int | None) -> Score:
+        check_plan(plan, self.profile, self.machine.has_ssd)
+        budget = self.budget(plan, budget_bytes)
+        if fastpath.available():
+            score = fastpath.score(self.compiled, self.machine, plan, budget)
+            if score is not None:
+                return score
+        result = self._reference(plan, budget, False)
+        return score_of(result, self, plan)
+
+
+def score_of(result: Result, simulator: Simulator, plan: Plan) -> Score:
+    """A Score from a full (reference) Result; an infeasible plan is run once more with
+    no budget to measure how far over it goes."""
+    over = 0
+    if result.valid and not result.feasible:
+        unbounded = simulator._reference(plan, fastpath.UNBOUNDED, False)
+        over = max(1, unbounded.peak_bytes - result.budget_bytes)
+    return Score(result.valid, result.feasible, result.iteration_us if result.valid else 0.0,
+                 result.overhead if result.valid else 0.0, result.peak_bytes, over, result.progress,
+                 result.rule, result.op, result.tensor)
+
+
+@contextmanager
+def _gc_paused():
+    """A simulation makes many short-lived objects and no reference cycles: pausing the
+    cyclic garbage collector keeps it from scanning a large profile again and again."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -1,0 +1,162 @@
+"""A profile and a machine in the engine's own units, built once and shared by every plan.
+
+``compile_machine`` turns Hardware into integer link capacities (bytes per second),
+latencies (picoseconds) and the route of each kind of transfer (R3, R17, R18);
+``compile_profile`` turns a Profile into op times in picoseconds, tensor sizes and the
+facts every compile of a plan reuses. Both are immutable: the run state lives in
+simulator/engine.py, a plan's static program in simulator/program.py.
+"""
+from __future__ import annotations
+
+import weakref
+from array import array
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .hardware import Hardware
+from .profile import Profile, update_order_pairs
+from .sequence import Sequence, build_sequence
+from .units import gbps_to_bytes_per_s, us_to_ps
+
+STREAMS = ("h2d", "d2h", "ssd_read", "ssd_write")            # R1: FIFO queues
+LINKS = ("pcie_down", "pcie_up", "ssd_read_link", "ssd_write_link")  # R17: shared by bandwidth
+H2D, D2H, SSD_READ, SSD_WRITE = range(4)                      # stream numbers
+PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD_WRITE_LINK = range(4)  # link numbers
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """How one kind of transfer moves (R17, R18): the stream it queues on, the links its
+    flow crosses, the latency it waits first, and whether it needs the one copy engine
+    of a half-duplex machine."""
+    stream: int
+    links: tuple[int, ...]
+    latency_ps: int
+    uses_engine: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """Hardware as the engine runs it: integer capacities, latencies and routes."""
+    name: str
+    gpu_bytes: int
+    link_capacity: tuple[int, ...]        # bytes per second, indexed by link number
+    routes: dict                          # (kind, tier) -> Route; kind offload | prefetch
+    half_duplex: bool
+    has_ssd: bool
+    host_bytes: int
+    ssd_bytes: int
+
+    def route(self, kind: str, tier: str) -> Route:
+        return self.routes[(kind, tier)]
+
+
+@lru_cache(maxsize=64)
+def compile_machine(hardware: Hardware) -> Machine:
+    """R17, R18: a host copy crosses its PCIe direction; an SSD copy crosses the SSD link
+    and the PCIe direction as one flow, after PCIe + SSD latency through host memory
+    (the SSD's alone for ``direct``); with half duplex, host copies and host-path SSD
+    copies need the one copy engine."""
+    pcie, ssd = hardware.pcie, hardware.ssd
+    half = pcie.duplex == "half"
+    pcie_latency = us_to_ps(pcie.latency_us)
+    capacity = [gbps_to_bytes_per_s(pcie.h2d_gbps), gbps_to_bytes_per_s(pcie.d2h_gbps), 1, 1]
+    routes = {("prefetch", "host"): Route(H2D, (PCIE_DOWN,), pcie_latency, half),
+              ("offload", "host"): Route(D2H, (PCIE_UP,), pcie_latency, half)}
+    if ssd is not None:
+        capacity[SSD_READ_LINK] = gbps_to_bytes_per_s(ssd.read_gbps)
+        capacity[SSD_WRITE_LINK] = gbps_to_bytes_per_s(ssd.write_gbps)
+        through_host = ssd.path == "host"
+        latency = us_to_ps(ssd.latency_us) + (pcie_latency if through_host else 0)
+        routes[("prefetch", "ssd")] = Route(SSD_READ, (SSD_READ_LINK, PCIE_DOWN), latency, half and through_host)
+        routes[("offload", "ssd")] = Route(SSD_WRITE, (PCIE_UP, SSD_WRITE_LINK), latency, half and through_host)
+    return Machine(name=hardware.name, gpu_bytes=hardware.gpu.memory_bytes, link_capacity=tuple(capacity),
+                   routes=routes, half_duplex=half, has_ssd=ssd is not None,
+                   host_bytes=hardware.host.memory_bytes, ssd_bytes=ssd.capacity_bytes if ssd else 0)
+
+
+def link_speed(hardware: Hardware, kind: str, tier: str) -> tuple[float, float]:
+    """(latency in us, bytes per us) of a lone offload or prefetch to or from a tier:
+    the uncontended figures planners estimate with (R17, R18)."""
+    machine = compile_machine(hardware)
+    route = machine.route(kind, tier)
+    rate = min(machine.link_capacity[link] for link in route.links)
+    return route.latency_ps / 10**6, rate / 10**6
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledProfile:
+    """A profile in the engine's units (op times in ps, sizes), its default compute
+    sequence, the R21 order pairs, and the same facts as flat arrays for the C path."""
+    name: str
+    op_ps: tuple[int, ...]
+    ideal_ps: int
+    tensor_bytes: dict                       # tensor id -> bytes
+    persistent_ids: tuple[str, ...]          # profile order (R10: placed in this order)
+    tensor_ids: tuple[str, ...]
+    op_ids: tuple[str, ...]
+    tensor_index: dict                       # tensor id -> position
+    op_index: dict                           # op id -> position
+    order_pairs: tuple[tuple[int, int, int, int], ...]  # R21: (before, after, blamed op, tensor) positions
+    default_sequence: Sequence               # the profile's order, no recomputes
+    arrays: tuple                            # simulator/fastpath.py: what _fastsim reads
+
+
+_compiled: dict[int, tuple[weakref.ref, CompiledProfile]] = {}
+
+
+def compile_profile(profile: Profile) -> CompiledProfile:
+    """The compiled form of ``profile``, built once per Profile object and kept while
+    the profile lives (profiles are not changed after construction)."""
+    key = id(profile)
+    found = _compiled.get(key)
+    if found is not None and found[0]() is profile:
+        return found[1]
+    op_ps = tuple(us_to_ps(op.time_us) for op in profile.ops)
+    tensor_index = {t.id: i for i, t in enumerate(profile.tensors)}
+    pairs = tuple((a, b, b if b in profile.updaters[tid] else a, tensor_index[tid])
+                  for a, b, tid in update_order_pairs(profile))
+    compiled = CompiledProfile(
+        name=profile.name, op_ps=op_ps, ideal_ps=profile.ideal_ps,
+        tensor_bytes={t.id: t.bytes for t in profile.tensors},
+        persistent_ids=tuple(t.id for t in profile.tensors if t.persistent),
+        tensor_ids=tuple(t.id for t in profile.tensors), op_ids=tuple(op.id for op in profile.ops),
+        tensor_index=tensor_index, op_index=profile.op_index, order_pairs=pairs,
+        default_sequence=build_sequence(profile, op_ps, [op.id for op in profile.ops], {}),
+        arrays=_arrays(profile, op_ps, tensor_index, pairs))
+    _compiled[key] = (weakref.ref(profile), compiled)
+    weakref.finalize(profile, _compiled.pop, key, None)
+    return compiled
+
+
+def _arrays(profile: Profile, op_ps, index: dict, pairs) -> tuple:
+    """The profile as flat arrays (CSR lists of tensor positions per op)."""
+    ops = profile.ops
+    return (
+        array("q", [t.bytes for t in profile.tensors]),
+        bytes(t.persistent for t in profile.tensors),
+        array("i", [-1 if profile.producer[t.id] is None else profile.producer[t.id] for t in profile.tensors]),
+        array("q", op_ps),
+        array("q", [op.workspace_bytes for op in ops]),
+        *_csr([[index[t] for t in op.inputs] for op in ops]),
+        *_csr([[index[t] for t in op.updates] for op in ops]),
+        *_csr([[index[t] for t in dict.fromkeys(op.outputs)] for op in ops]),
+        *(array("i", column) for column in (zip(*pairs) if pairs else ((), (), (), ()))),
+        array("i", _ranks([t.id for t in profile.tensors])),
+    )
+
+
+def _ranks(ids: list[str]) -> list[int]:
+    """Each id's place in sorted order (R10 lists residents by size, then id)."""
+    rank = [0] * len(ids)
+    for place, i in enumerate(sorted(range(len(ids)), key=ids.__getitem__)):
+        rank[i] = place
+    return rank
+
+
+def _csr(rows: list[list[int]]) -> tuple[array, array]:
+    offsets, values = array("i", [0]), array("i")
+    for row in rows:
+        values.extend(row)
+        offsets.append(len(values))
+    return offsets, values
