@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 from . import fastpath
 from .compiled import compile_machine, compile_profile
@@ -114,12 +115,14 @@ class Simulator:
             return [self._score(plan, budget_bytes) for plan in plans]
 
     def _score(self, plan: Plan, budget_bytes: int | None) -> Score:
-        check_plan(plan, self.profile, self.machine.has_ssd)
         budget = self.budget(plan, budget_bytes)
-        if fastpath.available():
-            score = fastpath.score(self.compiled, self.machine, plan, budget)
+        check = partial(check_plan, plan, self.profile, self.machine.has_ssd)
+        if fastpath.available():   # packing and C check the structure; check_plan words errors
+            score = fastpath.score(self.compiled, self.machine, plan, budget, check)
             if score is not None:
                 return score
+        else:
+            check()
         result = self._reference(plan, budget, False)
         return score_of(result, self, plan)
 

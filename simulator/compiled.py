@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .hardware import Hardware
-from .profile import Profile, update_order_pairs
+from .profile import Profile, profile_sha256, update_order_pairs
 from .sequence import Sequence, build_sequence
 from .units import gbps_to_bytes_per_s, us_to_ps
 
@@ -46,6 +46,7 @@ class Machine:
     has_ssd: bool
     host_bytes: int
     ssd_bytes: int
+    packed: tuple        # simulator/fastpath.py: the machine as _fastsim reads it
 
     def route(self, kind: str, tier: str) -> Route:
         return self.routes[(kind, tier)]
@@ -70,9 +71,25 @@ def compile_machine(hardware: Hardware) -> Machine:
         latency = us_to_ps(ssd.latency_us) + (pcie_latency if through_host else 0)
         routes[("prefetch", "ssd")] = Route(SSD_READ, (SSD_READ_LINK, PCIE_DOWN), latency, half and through_host)
         routes[("offload", "ssd")] = Route(SSD_WRITE, (PCIE_UP, SSD_WRITE_LINK), latency, half and through_host)
+    host_bytes, ssd_bytes = hardware.host.memory_bytes, ssd.capacity_bytes if ssd else 0
     return Machine(name=hardware.name, gpu_bytes=hardware.gpu.memory_bytes, link_capacity=tuple(capacity),
-                   routes=routes, half_duplex=half, has_ssd=ssd is not None,
-                   host_bytes=hardware.host.memory_bytes, ssd_bytes=ssd.capacity_bytes if ssd else 0)
+                   routes=routes, half_duplex=half, has_ssd=ssd is not None, host_bytes=host_bytes,
+                   ssd_bytes=ssd_bytes, packed=_pack_machine(half, host_bytes, ssd_bytes, tuple(capacity), routes))
+
+
+def _pack_machine(half: bool, host_bytes: int, ssd_bytes: int, capacity: tuple, routes: dict) -> tuple:
+    """(half duplex, host bytes, SSD bytes, link capacities, routes): each route is
+    (stream, first link, second link or -1, latency ps, uses the copy engine), in the
+    order prefetch host, offload host, prefetch SSD, offload SSD (zeros when absent)."""
+    packed = []
+    for key in (("prefetch", "host"), ("offload", "host"), ("prefetch", "ssd"), ("offload", "ssd")):
+        route = routes.get(key)
+        if route is None:
+            packed.append((0, 0, -1, 0, 0))
+        else:
+            links = route.links + (-1,)
+            packed.append((route.stream, links[0], links[1], route.latency_ps, int(route.uses_engine)))
+    return (int(half), host_bytes, ssd_bytes, capacity, tuple(packed))
 
 
 def link_speed(hardware: Hardware, kind: str, tier: str) -> tuple[float, float]:
@@ -99,6 +116,8 @@ class CompiledProfile:
     op_index: dict                           # op id -> position
     order_pairs: tuple[tuple[int, int, int, int], ...]  # R21: (before, after, blamed op, tensor) positions
     default_sequence: Sequence               # the profile's order, no recomputes
+    profile_order: array                     # op positions 0..n-1 (the schedule of a plan without one)
+    sha256: str                              # of the canonical profile (plans name their profile by it)
     arrays: tuple                            # simulator/fastpath.py: what _fastsim reads
 
 
@@ -123,6 +142,7 @@ def compile_profile(profile: Profile) -> CompiledProfile:
         tensor_ids=tuple(t.id for t in profile.tensors), op_ids=tuple(op.id for op in profile.ops),
         tensor_index=tensor_index, op_index=profile.op_index, order_pairs=pairs,
         default_sequence=build_sequence(profile, op_ps, [op.id for op in profile.ops], {}),
+        profile_order=array("i", range(len(profile.ops))), sha256=profile_sha256(profile),
         arrays=_arrays(profile, op_ps, tensor_index, pairs))
     _compiled[key] = (weakref.ref(profile), compiled)
     weakref.finalize(profile, _compiled.pop, key, None)

@@ -16,7 +16,7 @@ from .compiled import CompiledProfile, Machine
 from .engine import Blocked, describe
 from .plan import Plan
 from .result import Result
-from .units import ps_to_us
+from .units import MAX_COUNT, ps_to_us
 
 try:
     from . import _fastsim
@@ -37,48 +37,60 @@ def available() -> bool:
     return _fastsim is not None and getattr(_fastsim, "ABI", None) == ABI
 
 
-def pack_machine(machine: Machine) -> tuple:
-    """(half duplex, host bytes, SSD bytes, link capacities, routes): each route is
-    (stream, first link, second link or -1, latency ps, uses the copy engine), in the
-    order prefetch host, offload host, prefetch SSD, offload SSD."""
-    routes = []
-    for kind, tier in (("prefetch", "host"), ("offload", "host"), ("prefetch", "ssd"), ("offload", "ssd")):
-        route = machine.routes.get((kind, tier))
-        if route is None:
-            routes.append((0, 0, -1, 0, 0))
-        else:
-            links = route.links + (-1,)
-            routes.append((route.stream, links[0], links[1], route.latency_ps, int(route.uses_engine)))
-    return (int(machine.half_duplex), machine.host_bytes, machine.ssd_bytes, machine.link_capacity, tuple(routes))
+def pack_plan(compiled: CompiledProfile, plan: Plan, has_ssd: bool = True) -> tuple:
+    """The plan's actions, schedule and initial placements as arrays of positions.
 
-
-def pack_plan(compiled: CompiledProfile, plan: Plan) -> tuple:
-    """The plan's actions, schedule and initial placements as arrays of positions."""
+    Raises KeyError or ValueError for anything ``check_plan`` rejects (an unknown id, a
+    malformed action, an SSD action without an SSD); the caller then runs ``check_plan``
+    to word the error. The C code checks the rest (a schedule that is not a permutation,
+    a drop without ``after``, a recompute without ``before``)."""
     tindex, oindex = compiled.tensor_index, compiled.op_index
-    actions = plan.actions
-    initial = list(plan.initial.items())
-    order = (array("i", range(len(oindex))) if plan.schedule is None
-             else array("i", [oindex[op_id] for op_id in plan.schedule]))
+    kinds, tiers, tensors, afters, befores = _fastsim.pack_actions(plan.actions, tindex, oindex)
+    initial = plan.initial
+    init_tiers = bytes(_TIER[tier] for tier in initial.values())
+    if not has_ssd and (1 in tiers or 1 in init_tiers):
+        raise ValueError("an SSD action on a machine without an SSD")
+    order = (compiled.profile_order if plan.schedule is None
+             else array("i", map(oindex.__getitem__, plan.schedule)))
     return (
-        bytes([_KIND[a.kind] for a in actions]),
-        bytes([_TIER[a.to if a.kind == "offload" else a.source] for a in actions]),
-        array("i", [tindex[a.tensor] for a in actions]),
-        array("i", [-1 if a.after is None else oindex[a.after] for a in actions]),
-        array("i", [-1 if a.before is None else oindex[a.before] for a in actions]),
-        order, int(plan.schedule is not None),
-        array("i", [tindex[t] for t, _ in initial]),
-        bytes([_TIER[tier] for _, tier in initial]),
+        kinds, tiers, _int32(tensors), _int32(afters), _int32(befores), order, int(plan.schedule is not None),
+        array("i", map(tindex.__getitem__, initial)),
+        init_tiers,
     )
 
 
-def _run(compiled: CompiledProfile, machine: Machine, plan: Plan, budget: int) -> tuple:
-    return _fastsim.run(compiled.arrays, pack_machine(machine), pack_plan(compiled, plan), budget)
+def _int32(packed: bytes) -> array:
+    column = array("i")
+    column.frombytes(packed)
+    return column
+
+
+def _packed(compiled: CompiledProfile, plan: Plan, has_ssd: bool, check) -> tuple:
+    """``pack_plan``, with ``check`` (check_plan) wording any error it finds."""
+    if (plan.profile_sha256 and plan.profile_sha256 != compiled.sha256) or len(plan.actions) > MAX_COUNT:
+        check()
+    try:
+        return pack_plan(compiled, plan, has_ssd)
+    except (KeyError, ValueError, TypeError):
+        check()
+        raise
+
+
+def _run(compiled: CompiledProfile, machine: Machine, packed: tuple, budget: int, check=None) -> tuple:
+    """The C call on a packed plan. A ValueError from C (a structural problem packing
+    leaves to it) is worded by ``check`` (check_plan) when given."""
+    try:
+        return _fastsim.run(compiled.arrays, machine.packed, packed, budget)
+    except ValueError:
+        if check is not None:
+            check()
+        raise
 
 
 def simulate(compiled: CompiledProfile, machine: Machine, plan: Plan, budget: int) -> Result | None:
     """The full Result from C; None when the run overflows 64 bits (use the reference)
     or the plan is invalid (the reference words its reason). Assumes ``check_plan`` passed."""
-    out = _run(compiled, machine, plan, budget)
+    out = _run(compiled, machine, pack_plan(compiled, plan), budget)
     if out[0] in (OVERFLOW, INVALID):
         return None
     return _result(compiled, machine, out, budget)
@@ -120,11 +132,13 @@ def _result(compiled: CompiledProfile, machine: Machine, out: tuple, budget: int
     return result
 
 
-def score(compiled: CompiledProfile, machine: Machine, plan: Plan, budget: int):
+def score(compiled: CompiledProfile, machine: Machine, plan: Plan, budget: int, check):
     """A Score from C alone; None when the run overflows 64 bits. An infeasible plan is
-    run once more with no budget, to say how many bytes over budget it goes."""
+    run once more with no budget, to say how many bytes over budget it goes. ``check``
+    is check_plan for this plan: it runs only to word an error packing or C found."""
     from .api import Score
-    out = _run(compiled, machine, plan, budget)
+    packed = _packed(compiled, plan, machine.has_ssd, check)
+    out = _run(compiled, machine, packed, budget, check)
     status = out[0]
     if status == OVERFLOW:
         return None
@@ -138,7 +152,7 @@ def score(compiled: CompiledProfile, machine: Machine, plan: Plan, budget: int):
     overhead = end / ideal - 1.0 if ideal > 0 else 0.0
     if status == OK:
         return Score(True, True, ps_to_us(end), overhead, peak)
-    unbounded = _run(compiled, machine, plan, UNBOUNDED)
+    unbounded = _run(compiled, machine, packed, UNBOUNDED)
     if unbounded[0] == OVERFLOW:
         return None
     blocked = out[16]

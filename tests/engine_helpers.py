@@ -56,7 +56,7 @@ def both_paths(profile, plan, hardware, budget_bytes=None, record=False):
     if fastpath.available():
         check_plan(plan, profile, sim.machine.has_ssd)
         budget = sim.budget(plan, budget_bytes)
-        out = fastpath._run(sim.compiled, sim.machine, plan, budget)
+        out = fastpath._run(sim.compiled, sim.machine, fastpath.pack_plan(sim.compiled, plan), budget)
         assert out[0] != fastpath.OVERFLOW or reference.iteration_us * 1e6 >= 2**63
         if reference.valid:
             fast = fastpath.simulate(sim.compiled, sim.machine, plan, budget)

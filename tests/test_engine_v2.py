@@ -249,3 +249,40 @@ def test_chrome_trace_has_a_rate_counter_per_used_link():
     assert pcie == [(0.0, 0.001), (200.0, 0.001), (240.0, 0.0)]
     assert ssd == [(0.0, 0.0002), (200.0, 0.0), (240.0, 0.0)]
     assert not any(e["name"].startswith("pcie_up") for e in events)   # unused links are left out
+
+
+# ----------------------------------------------------------------------------- scoring
+
+
+def test_score_ranks_and_grades_failure():
+    """The compile-once API: a feasible plan by time, an infeasible one by how far over
+    budget it goes, an invalid one by its rule, without the reference explaining them."""
+    from simulator.api import Simulator
+    p = make_profile(SHARE_TENSORS, SHARE_OPS, "share")
+    sim = Simulator(p, machine(ssd_read=0.0002))
+    good = sim.score(_share_plan(p), 1000)
+    assert good.ok and good.iteration_us == 260.0 and good.rank() == (0, 260.0)
+    # at 230 bytes both prefetches cannot be in at once (200 + 40): run with no budget the
+    # plan peaks at 241 (w, v and y), 11 over
+    tight = sim.score(_share_plan(p), 230)
+    assert (tight.valid, tight.feasible, tight.rule, tight.over_budget_bytes) == (True, False, "R10", 11)
+    bad = sim.score(plan(p, drop("w", "k")), 1000)
+    assert (bad.valid, bad.rule, bad.op, bad.tensor) == (False, "R14", "k", "w") and bad.rank() == (2,)
+    assert sorted([bad, tight, good], key=lambda s: s.rank()) == [good, tight, bad]
+    many = sim.score_many([_share_plan(p), plan(p, drop("w", "k"))], 1000)
+    assert [s.ok for s in many] == [True, False]
+
+
+@pytest.mark.parametrize("actions, words", [
+    ([prefetch("ghost", None, "k")], "unknown tensor 'ghost'"),
+    ([prefetch("w", None, "nowhere")], "unknown op 'nowhere'"),
+    ([drop("w", None)], "needs the op after which"),
+    ([prefetch("w", None, "k", "ssd")], "the hardware has no SSD"),
+])
+def test_score_reports_structural_problems_as_input_errors(actions, words):
+    from dataclasses import replace
+    from simulator.api import Simulator
+    p = make_profile(SHARE_TENSORS, SHARE_OPS, "share")
+    sim = Simulator(p, replace(machine(), ssd=None))
+    with pytest.raises(InputError, match=words):
+        sim.score(plan(p, *actions), 1000)
