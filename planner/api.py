@@ -2,18 +2,20 @@
 return the Plan with its prediction filled in. The one path every planner goes through."""
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 
 from simulator.engine import check_budget, simulate
-from simulator.errors import InputError
+from simulator.errors import InfeasibleError
 from simulator.hardware import Hardware
 from simulator.plan import Plan, PlannerInfo
 from simulator.profile import Profile, profile_sha256
 from simulator.result import Result
 
 from .analysis import budget_floor
-from .registry import get_planner
+from .bound import Bound, bound_fields, lower_bound
+from .registry import RunOptions, get_planner
 
 
 @dataclass
@@ -26,37 +28,45 @@ class Planned:
 
 
 def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: str = "none",
-              params: dict | None = None, seed: int = 0) -> Planned:
+              params: dict | None = None, seed: int = 0, options: RunOptions | None = None) -> Planned:
     """Plan ``profile`` for ``hardware`` within ``budget_bytes`` with the named planner.
 
-    The plan's ``planner.status`` is the planner's own verdict unless the simulator
-    finds the plan infeasible or invalid, which it then says; ``predicted`` holds the
-    simulator's figures.
+    The plan's ``planner`` block is the planner report: its status (the planner's own
+    verdict unless the simulator finds the plan infeasible or invalid, which it then
+    says), parameters, seed, notes, its own estimate when it has one, and the lower
+    bound for this budget (planner/bound.py) with the plan's gap to it; ``predicted``
+    holds the simulator's figures.
 
-    Raises InputError for an unknown planner or parameter, a budget above the GPU's
-    memory, or a budget below the floor no plan of this planner can meet.
+    Raises InputError for an unknown planner or parameter or a budget above the GPU's
+    memory, and InfeasibleError for a budget below the floor no plan of this planner can
+    meet.
     """
     spec = get_planner(planner)
     resolved = spec.resolve(params or {})
+    options = options or RunOptions(seed=seed)
     check_budget(budget_bytes, hardware)
     floor, floor_op = budget_floor(profile, spec.moves_persistent)
     if budget_bytes < floor:
         why = (f"op {floor_op!r} needs its working set, and weights and optimizer state stay on the GPU"
                if not spec.moves_persistent else f"the working set of op {floor_op!r}")
-        raise InputError("<argument>", "budget",
-                         f"{budget_bytes} bytes is below the smallest budget planner {planner!r} can meet: "
-                         f"{floor} bytes ({why})")
+        raise InfeasibleError(f"budget: {budget_bytes} bytes is below the smallest budget planner {planner!r} can "
+                              f"meet: {floor} bytes ({why})")
     started = time.perf_counter()
-    draft = spec.func(profile, hardware, budget_bytes, seed=seed, **resolved)
+    draft = spec.func(profile, hardware, budget_bytes, options=options, **resolved)
     seconds = time.perf_counter() - started
     plan = Plan(profile_name=profile.name, profile_sha256=profile_sha256(profile),
                 actions=tuple(draft.actions), hardware=hardware.name, budget_bytes=budget_bytes,
                 schedule=None if draft.schedule is None else tuple(draft.schedule),
                 initial=dict(draft.initial))
     result = simulate(profile, plan, hardware, budget_bytes)  # the plan as exported
+    bound = lower_bound(profile, hardware, budget_bytes, recompute=spec.recomputes,
+                        moves_persistent=spec.moves_persistent)
     status = draft.status if result.ok else ("invalid" if not result.valid else "infeasible")
-    plan.planner = PlannerInfo(name=planner, params=resolved, status=status, gap=draft.gap, seed=seed)
-    plan.predicted = prediction(result)
+    plan.planner = PlannerInfo(name=planner, params=resolved, status=status, gap=draft.gap, seed=options.seed,
+                               notes=_plain(draft.notes), estimate_us=draft.estimate_us,
+                               lower_bound_us=bound.iteration_us if bound.feasible else None,
+                               bound=bound.kind)
+    plan.predicted = prediction(result, bound)
     return Planned(plan, result, seconds)
 
 
@@ -69,12 +79,22 @@ def score(profile: Profile, hardware: Hardware, budget_bytes: int, actions, init
     return simulate(profile, plan, hardware, budget_bytes)
 
 
-def prediction(result: Result) -> dict:
-    """The ``predicted`` block of an exported plan."""
+def prediction(result: Result, bound: Bound | None = None) -> dict:
+    """The ``predicted`` block of an exported plan: the simulator's figures, and the
+    lower bound with the plan's gap to it (None when the plan does not run or the
+    bound says no plan of its kind fits)."""
     data = {"valid": result.valid, "feasible": result.feasible, "iteration_us": result.iteration_us,
             "overhead": result.overhead, "peak_bytes": result.peak_bytes, "stall_us": result.stall_us,
             "bytes_h2d": result.bytes_h2d, "bytes_d2h": result.bytes_d2h,
             "bytes_ssd_read": result.bytes_ssd_read, "bytes_ssd_write": result.bytes_ssd_write}
+    if bound is not None:
+        fields = bound_fields(bound, result)
+        data.update(lower_bound_us=fields["lower_bound_us"], gap_to_bound=fields["gap_to_bound"])
     if not result.ok:
         data.update(rule=result.rule, op=result.op, tensor=result.tensor, reason=result.reason)
     return data
+
+
+def _plain(notes: dict) -> dict:
+    """Notes as plain JSON data (numpy numbers and tuples become floats, ints, lists)."""
+    return json.loads(json.dumps(notes, default=lambda v: v.item() if hasattr(v, "item") else str(v)))

@@ -109,7 +109,7 @@ from simulator.compiled import link_speed
 
 from .analysis import op_start_us, touches
 from .api import score
-from .registry import Draft, Param, register
+from .registry import DEFAULT_OPTIONS, Draft, Param, register
 
 SWAP, RECOMPUTE = "swap", "recompute"
 _MAX_CHAIN = 32          # recursion guard for recompute chains (sources strictly earlier)
@@ -822,16 +822,17 @@ def _feedback(state: _State, rounds: int, step: float) -> tuple[list[Action], di
     "moved earlier by simulated feedback.",
     params=(
         Param("feedback_rounds", 3,
-              "simulate-and-adjust rounds moving stalled prefetch triggers earlier (0: none)"),
+              "simulate-and-adjust rounds moving stalled prefetch triggers earlier (0: none)", low=0, high=1000),
         Param("feedback_step", 0.05,
-              "least a stalled trigger moves earlier per round, as a fraction of the iteration"),
+              "least a stalled trigger moves earlier per round, as a fraction of the iteration", low=0.0, high=1.0),
         Param("recompute", True, "allow recomputation (drop + recompute) as well as swapping"),
         Param("swap", True, "allow swapping to host memory"),
     ),
     moves_persistent=False,
+    recomputes=True,
     paper="Peng et al., Capuchin: Tensor-based GPU Memory Management for Deep Learning, ASPLOS 2020",
 )
-def plan_capuchin(profile, hardware, budget_bytes, *, seed, feedback_rounds=3, feedback_step=0.05,
+def plan_capuchin(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, feedback_rounds=3, feedback_step=0.05,
                   recompute=True, swap=True):
     state = _State(profile, hardware, budget_bytes, swap, recompute)
     if state.any_over():

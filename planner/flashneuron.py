@@ -55,7 +55,7 @@ from simulator.plan import offload, prefetch
 from simulator.compiled import link_speed
 
 from .analysis import op_start_us, touches, working_set
-from .registry import Draft, register
+from .registry import DEFAULT_OPTIONS, Draft, register
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def _last_op_ending_by(starts: list[float], moment_us: float) -> int:
     paper="Bae et al., FlashNeuron: SSD-Enabled Large-Batch Training of Very Deep Neural Networks, "
           "FAST 2021",
 )
-def plan_flashneuron(profile, hardware, budget_bytes, *, seed):
+def plan_flashneuron(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS):
     tier = "ssd" if hardware.ssd is not None else "host"
     notes = {"tier": tier}
     if tier == "host":

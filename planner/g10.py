@@ -106,7 +106,7 @@ from simulator.compiled import link_speed
 
 from .analysis import idle_gaps, op_start_us, touches
 from .api import score
-from .registry import Draft, Param, register
+from .registry import DEFAULT_OPTIONS, Draft, Param, register
 
 
 @dataclass(frozen=True)
@@ -699,8 +699,10 @@ def better_by_simulation(profile, hardware, budget_bytes, drafts: list[Draft]) -
     "with bandwidth-aware latest prefetch made eager under 99% memory.",
     params=(
         Param("ssd", True, "use the SSD tier (when the hardware has one)"),
-        Param("rule_factor", 2.5, "an interval must be this many times a move's latency + transfer time"),
-        Param("eager_limit", 0.99, "move prefetches earlier while estimated memory stays below this x budget"),
+        Param("rule_factor", 2.5, "an interval must be this many times a move's latency + transfer time",
+              low=0.0, high=1e6),
+        Param("eager_limit", 0.99, "move prefetches earlier while estimated memory stays below this x budget",
+              low=0.0, high=1.0),
         Param("fallback", True, "if G10's rules leave memory over budget: tail write-backs, unhidden "
                                 "prefetches and evictions, and a host-only plan if that runs faster"),
     ),
@@ -708,7 +710,7 @@ def better_by_simulation(profile, hardware, budget_bytes, drafts: list[Draft]) -
     paper="Zhang et al., G10: Enabling An Efficient Unified GPU Memory and Storage Architecture "
           "with Smart Tensor Migrations, MICRO 2023",
 )
-def plan_g10(profile, hardware, budget_bytes, *, seed, ssd=True, rule_factor=2.5, eager_limit=0.99,
+def plan_g10(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, ssd=True, rule_factor=2.5, eager_limit=0.99,
              fallback=True):
     use_ssd = ssd and hardware.ssd is not None
     draft = g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback)

@@ -59,8 +59,11 @@ Departures from the paper and the package, and why
    ``sync_mode`` (making transfers synchronous to cut memory). The simulator already
    makes compute wait for memory, so there is nothing to escalate; the threshold-1 plan
    is returned instead.
-5. **Tensors updated in place are never swapped** (R11 forbids an update in an offload
-   window; TensorFlow graphs have no in-place updates to begin with), nor empty tensors.
+5. **In-place updates.** TensorFlow graphs have no in-place updates; PyTorch's have
+   (``relu_``, ``add_``). A tensor updated in place is offloaded after its last update
+   before its first far consumer, not after its producer (R11 forbids an update inside
+   an offload window), and a later consumer group is swapped in again only while no
+   update has made the host copy stale (R16). Empty tensors are never swapped.
    Persistent tensors (weights, optimizer state, inputs) stay on the GPU, as TFLMS swaps
    only op outputs (moves_persistent=False).
 6. **``autotune=False``** (not a TFLMS knob): parameters left at -1 take fixed values
@@ -84,7 +87,7 @@ from simulator.plan import Action, drop, offload, prefetch
 from simulator.profile import Profile, dataflow_graph
 
 from .api import score
-from .registry import Draft, Param, register
+from .registry import DEFAULT_OPTIONS, Draft, Param, register
 
 SEARCH_LEVELS = 10   # TFLMS searches at most this many levels back for a control op
 
@@ -136,9 +139,8 @@ def topological_levels(profile: Profile) -> Levels:
 
 
 def swappable_tensors(profile: Profile) -> list[str]:
-    """Non-persistent, non-empty tensors with a consumer and no in-place update."""
-    return [t.id for t in profile.tensors
-            if not t.persistent and t.bytes > 0 and profile.consumers[t.id] and not profile.updaters[t.id]]
+    """Non-persistent, non-empty tensors with a consumer."""
+    return [t.id for t in profile.tensors if not t.persistent and t.bytes > 0 and profile.consumers[t.id]]
 
 
 def far_consumers(profile: Profile, levels: Levels, tid: str, threshold: int) -> list[int]:
@@ -184,10 +186,16 @@ def tensor_actions(profile: Profile, levels: Levels, tid: str, knobs: Knobs) -> 
     ops = profile.ops
     made_by = profile.producer[tid]
     source_level = levels.level[made_by]
-    touches = sorted({made_by, *profile.consumers[tid]})
+    updates = profile.updaters[tid]
+    touches = sorted({made_by, *profile.consumers[tid], *updates})
+    groups = sorted(group_by_level(far, levels, knobs.groupby), key=lambda g: g[0])
+    # offload after the last in-place update before the first far consumer (R11)
+    out_at = max([made_by] + [u for u in updates if u < groups[0][0]])
     found: list[tuple[int, int, int, Action]] = []
-    for group in sorted(group_by_level(far, levels, knobs.groupby), key=lambda g: g[0]):
+    for group in groups:
         first = group[0]
+        if any(out_at < u < first for u in updates):
+            break   # the host copy is stale by then (R16)
         previous = max(t for t in touches if t < first)
         trigger = control_op(levels, source_level, first, knobs.ahead)
         if trigger is None:
@@ -198,7 +206,7 @@ def tensor_actions(profile: Profile, levels: Levels, tid: str, knobs: Knobs) -> 
             found.append((previous, 0, first, drop(tid, ops[previous].id)))
         found.append((trigger, 2, first, prefetch(tid, ops[trigger].id, ops[first].id, "host")))
     if found:
-        found.append((made_by, 1, made_by, offload(tid, ops[made_by].id, "host")))
+        found.append((out_at, 1, out_at, offload(tid, ops[out_at].id, "host")))
     return found
 
 
@@ -260,8 +268,12 @@ def tune_knobs(tuner: Tuner, threshold: int, ahead: int, groupby: int) -> tuple[
         if tuner.fits(_with(knobs, "threshold", size)):
             return _with(knobs, "threshold", size), "no swapping needed"
         if not tuner.fits(knobs):
-            return knobs, "threshold 1 does not fit"
-        knobs = _with(knobs, "threshold", tuner.largest_fitting(knobs, "threshold", 1, size))
+            if tuner.fits(_with(knobs, "threshold", 0)):   # swap every tensor with a later consumer
+                knobs = _with(knobs, "threshold", 0)
+            else:
+                return _with(knobs, "threshold", 0), "thresholds 1 and 0 do not fit"
+        else:
+            knobs = _with(knobs, "threshold", tuner.largest_fitting(knobs, "threshold", 1, size))
     elif not tuner.fits(knobs):
         return knobs, "the given threshold does not fit"
     if ahead < 0:
@@ -277,16 +289,17 @@ def tune_knobs(tuner: Tuner, threshold: int, ahead: int, groupby: int) -> tuple[
 @register("lms", "TFLMS v2: swap tensors whose consumers are more than a threshold of topological levels "
                  "away; swap-ins triggered swapin_ahead levels early; auto-tuned by binary search.",
           params=(Param("swapout_threshold", -1, "swap a tensor out when a consumer is more than this many levels "
-                                                 "after its producer (-1: auto-tune)"),
+                                                 "after its producer (-1: auto-tune)", low=0, also=(-1,)),
                   Param("swapin_ahead", -1, "issue a swap-in from an op at least this many levels before the "
-                                            "consumer (-1: auto-tune)"),
-                  Param("swapin_groupby", 0, "consumers within this many levels share one swap-in (-1: auto-tune)"),
+                                            "consumer (-1: auto-tune)", low=0, also=(-1,)),
+                  Param("swapin_groupby", 0, "consumers within this many levels share one swap-in (-1: auto-tune)",
+                        low=0, also=(-1,)),
                   Param("autotune", True, "tune the parameters left at -1 with the simulator (else -1 means "
                                           "threshold 1, ahead 1, groupby 0)")),
           moves_persistent=False,
           paper="Le et al., TFLMS: Large Model Support in TensorFlow by Graph Rewriting, arXiv:1807.02037 "
                 "(2018); IBM tensorflow-large-model-support v2")
-def plan_lms(profile, hardware, budget_bytes, *, seed, swapout_threshold=-1, swapin_ahead=-1,
+def plan_lms(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, swapout_threshold=-1, swapin_ahead=-1,
              swapin_groupby=0, autotune=True):
     levels = topological_levels(profile)
     if autotune and min(swapout_threshold, swapin_ahead, swapin_groupby) < 0:

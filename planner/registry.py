@@ -3,14 +3,16 @@ parameters it takes, so the command line can list them and check what users pass
 
 A planner function has the signature
 
-    def my_planner(profile, hardware, budget_bytes, *, seed, **params) -> Draft
+    def my_planner(profile, hardware, budget_bytes, *, options: RunOptions, **params) -> Draft
 
-and returns a Draft (its actions, and optionally a schedule and initial placements);
-``planner.api.make_plan`` turns it into a Plan, scored by the simulator.
+and returns a Draft (its actions, and optionally a schedule, initial placements, its own
+estimate and notes); ``planner.api.make_plan`` turns it into a Plan, scored by the
+simulator, with a lower bound beside it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import math
 from typing import Any, Callable
 
 from simulator.errors import InputError
@@ -19,17 +21,48 @@ from simulator.plan import Action
 
 @dataclass(frozen=True)
 class Param:
-    """One parameter of a planner: its default and a line of help. The type is the
-    default's (int, float, bool or str); ``choices`` limits a str."""
+    """One parameter of a planner: its default, a line of help and the values it takes.
+
+    The type is the default's (int, float, bool or str), or ``kind`` when the default is
+    None (an optional value). ``choices`` limits a str; ``low`` / ``high`` bound a number
+    (inclusive), and ``also`` lists special numbers outside them (-1: auto-tune).
+    """
     name: str
     default: Any
     help: str
     choices: tuple[str, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    also: tuple = ()
+    kind: type | None = None
+
+    @property
+    def type(self) -> type:
+        return self.kind or type(self.default)
+
+    def describe(self) -> str:
+        """The values it takes, for help text: ``one of a, b``, ``0 to 1``, ``>= 1 or -1``."""
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if self.low is None and self.high is None:
+            return self.type.__name__
+        if self.high is None:
+            text = f">= {self.low:g}"
+        elif self.low is None:
+            text = f"<= {self.high:g}"
+        else:
+            text = f"{self.low:g} to {self.high:g}"
+        return text + "".join(f" or {v:g}" for v in self.also)
 
     def parse(self, value: Any, planner: str) -> Any:
-        """Coerce a value (a string from the command line, or a Python value) to the type."""
-        where = f"{planner}.{self.name}"
-        kind = type(self.default)
+        """Coerce a value (a string from the command line, or a Python value) to the type
+        and check it is one the parameter takes; InputError otherwise."""
+        where = f"--param {planner}.{self.name}"
+        kind = self.type
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if self.default is None:
+                return None
+            raise InputError("<argument>", where, f"expected {kind.__name__}, got {value!r}")
         try:
             if kind is bool:
                 if isinstance(value, str):
@@ -46,26 +79,57 @@ class Param:
                 if isinstance(value, bool):
                     raise ValueError
                 value = float(value)
+                if not math.isfinite(value):
+                    raise ValueError
             else:
                 value = str(value)
-        except (TypeError, ValueError):
-            raise InputError("<argument>", f"--param {where}",
-                             f"expected {kind.__name__}, got {value!r}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise InputError("<argument>", where, f"expected a finite {kind.__name__}, got {value!r}") from None
         if self.choices is not None and value not in self.choices:
-            raise InputError("<argument>", f"--param {where}",
-                             f"{value!r} is not one of {', '.join(self.choices)}")
+            raise InputError("<argument>", where, f"{value!r} is not one of {', '.join(self.choices)}")
+        if kind in (int, float) and value not in self.also:
+            if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
+                raise InputError("<argument>", where, f"{value!r} is out of range (expected {self.describe()})")
         return value
+
+
+STATUSES = ("optimal", "feasible", "heuristic", "fallback", "infeasible", "invalid")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How any planner runs: its seed, a time limit (seconds; planners that search stop
+    by then and return their best), threads for solvers, and a progress callback that
+    receives short lines (the CLI prints them on stderr)."""
+    seed: int = 0
+    time_limit: float | None = None
+    threads: int = 1
+    progress: Callable[[str], None] | None = None
+
+    def say(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress(text)
+
+
+DEFAULT_OPTIONS = RunOptions()
 
 
 @dataclass
 class Draft:
     """What a planner decided, before it is scored: actions in the order a runtime issues
-    them, and optionally an op schedule and persistent tensors that start off the GPU."""
+    them, and optionally an op schedule and persistent tensors that start off the GPU.
+
+    ``status`` is the planner's own verdict (one of STATUSES: a solver's ``optimal`` or
+    ``feasible``, a greedy's ``heuristic``, ``fallback`` when it left its own rules to
+    fit); the simulator has the last word. ``estimate_us`` is the planner's own
+    prediction of the iteration time, when it has a cost model that gives one.
+    """
     actions: list[Action] = field(default_factory=list)
     schedule: list[str] | None = None
     initial: dict[str, str] = field(default_factory=dict)
-    status: str = "ok"            # the planner's own verdict; the simulator has the last word
+    status: str = "heuristic"
     gap: float | None = None      # for solvers: the optimality gap
+    estimate_us: float | None = None
     notes: dict = field(default_factory=dict)
 
 
@@ -78,6 +142,7 @@ class PlannerSpec:
     params: tuple[Param, ...] = ()
     moves_persistent: bool = False  # may it move weights and optimizer state?
     paper: str = ""
+    recomputes: bool = False        # may it recompute (which lower bound applies)?
 
     def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
         """Defaults overlaid with ``given`` (checked and coerced). Unknown names are errors."""
@@ -95,12 +160,12 @@ REGISTRY: dict[str, PlannerSpec] = {}
 
 
 def register(name: str, summary: str, params: tuple[Param, ...] = (), moves_persistent: bool = False,
-             paper: str = ""):
+             paper: str = "", recomputes: bool = False):
     """Decorator: register a planner function under ``name``."""
     def wrap(func: Callable[..., Draft]) -> Callable[..., Draft]:
         if name in REGISTRY:
             raise ValueError(f"planner {name!r} registered twice")
-        REGISTRY[name] = PlannerSpec(name, func, summary, tuple(params), moves_persistent, paper)
+        REGISTRY[name] = PlannerSpec(name, func, summary, tuple(params), moves_persistent, paper, recomputes)
         return func
     return wrap
 

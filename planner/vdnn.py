@@ -67,8 +67,11 @@ Departures from the paper, and why
 3. **The last layer is skipped in both modes** (the paper states it for vDNN_all; an
    offload of the last layer's input could not overlap anything in vDNN_conv either).
 4. **Only tensors with a backward use are offloaded**, and only when every forward use
-   comes before every backward use; tensors updated in place are skipped (R11 forbids an
-   update inside the window). In vDNN an input not needed by backward is simply freed.
+   comes before every backward use. In vDNN an input not needed by backward is simply
+   freed. A tensor updated in place during the forward pass (PyTorch's ``relu_``,
+   ``add_``) is offloaded after its last forward update rather than before its layer
+   (R11 forbids an update inside the window), and not at all when no op would run
+   between that point and its first backward use.
 5. **vDNN_dyn has no memory-optimal / performance-optimal split.** The paper first checks
    vDNN_all with memory-optimal convolution algorithms (the least workspace), then tries
    none, conv and all with performance-optimal algorithms, then downgrades layers
@@ -90,7 +93,7 @@ from simulator.plan import Action, offload, prefetch
 from simulator.profile import Profile
 
 from .api import score
-from .registry import Draft, Param, register
+from .registry import DEFAULT_OPTIONS, Draft, Param, register
 
 MODES = ("all", "conv", "dyn")
 
@@ -229,16 +232,15 @@ def forward_backward_split(profile: Profile, tid: str) -> tuple[int, int] | None
 
 def input_feature_maps(profile: Profile, layer: Layer) -> list[str]:
     """The tensors layer ``layer`` reads that another layer produced, that are worth and
-    safe to offload: non-persistent, non-empty, never updated in place, with a backward
-    use after every forward use."""
+    safe to offload: non-persistent, non-empty, with a backward use after every forward
+    use (in-place updates included)."""
     own = set(layer.forward)
     found: list[str] = []
     for i in layer.forward:
         for tid in profile.ops[i].inputs:
             tensor = profile.tensor_by_id[tid]
             made_by = profile.producer[tid]
-            if (tensor.persistent or tensor.bytes == 0 or made_by is None or made_by in own
-                    or profile.updaters[tid] or tid in found):
+            if tensor.persistent or tensor.bytes == 0 or made_by is None or made_by in own or tid in found:
                 continue
             if forward_backward_split(profile, tid) is None:
                 continue
@@ -263,8 +265,9 @@ def choose_offloads(profile: Profile, layers: list[Layer], mode: str) -> dict[in
 
 def offload_point(profile: Profile, layer: Layer, tid: str) -> int:
     """The op after which the offload is issued: the one just before the layer's first
-    forward op, or the producer if that is later."""
-    return max(profile.producer[tid], min(layer.forward) - 1)
+    forward op, or the producer or the last forward in-place update if that is later."""
+    forward_updates = [u for u in profile.updaters[tid] if profile.ops[u].phase == "forward"]
+    return max([profile.producer[tid], min(layer.forward) - 1] + forward_updates)
 
 
 # ----------------------------------------------------------------------------- prefetch
@@ -322,6 +325,8 @@ def vdnn_actions(profile: Profile, mode: str) -> tuple[list[Action], dict]:
         for tid in tensors:
             out_at = offload_point(profile, layer, tid)
             after, before = prefetch_point(profile, tid, triggers.get(index))
+            if out_at >= before - 1:
+                continue   # updated in place up to its backward use: nothing to hide
             keyed.append(((out_at, 0, index, tid), offload(tid, ops[out_at].id, "host")))
             keyed.append(((after, 1, before, tid), prefetch(tid, ops[after].id, ops[before].id, "host")))
             moved += profile.tensor_by_id[tid].bytes
@@ -357,7 +362,7 @@ def dynamic_actions(profile: Profile, hardware, budget_bytes: int) -> tuple[list
           moves_persistent=False,
           paper="Rhu et al., vDNN: Virtualized Deep Neural Networks for Scalable, Memory-Efficient Neural "
                 "Network Design, MICRO 2016")
-def plan_vdnn(profile, hardware, budget_bytes, *, seed, mode="all"):
+def plan_vdnn(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, mode="all"):
     if mode == "dyn":
         actions, notes = dynamic_actions(profile, hardware, budget_bytes)
     else:

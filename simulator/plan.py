@@ -17,7 +17,7 @@ import jsonschema
 from .errors import InputError
 from .files import read_document, write_atomic
 from .profile import Profile, profile_sha256, schedule_problem
-from .units import MAX_COUNT
+from .units import MAX_BYTES, MAX_COUNT
 
 FORMAT = "swapplan-plan/1"
 ACTION_KINDS = ("offload", "prefetch", "drop", "recompute")
@@ -77,15 +77,18 @@ class PlannerInfo:
     status: str = "ok"
     gap: float | None = None
     seed: int | None = None
+    notes: dict = field(default_factory=dict)      # what the planner says of its run
+    estimate_us: float | None = None               # the planner's own prediction, if it has one
+    lower_bound_us: float | None = None            # no plan of its kind is faster (planner/bound.py)
+    bound: str | None = None                       # which bound: swap | swap+recompute (+persistent)
 
     def to_dict(self) -> dict:
         data = {"name": self.name, "params": self.params, "status": self.status}
-        if self.seconds is not None:
-            data["seconds"] = self.seconds
-        if self.gap is not None:
-            data["gap"] = self.gap
-        if self.seed is not None:
-            data["seed"] = self.seed
+        for key in ("seconds", "gap", "seed", "estimate_us", "lower_bound_us", "bound"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        if self.notes:
+            data["notes"] = self.notes
         return data
 
 
@@ -151,10 +154,15 @@ def plan_from_dict(data, file: str = "<plan>") -> Plan:
 
     Raises InputError naming the file, the field and the problem.
     """
-    errors = sorted(_validator().iter_errors(data), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if isinstance(data, dict) and isinstance(data.get("actions"), list) and len(data["actions"]) > MAX_COUNT:
+        raise InputError(file, "actions", f"{len(data['actions'])} actions; at most {MAX_COUNT} are supported (R23)")
+    errors = _schema_errors(data)
     if errors:
         error = _most_precise(errors)
         raise InputError(file, _where(error.absolute_path), _schema_message(error))
+    budget = data.get("budget_bytes")
+    if budget is not None and budget >= MAX_BYTES:
+        raise InputError(file, "budget_bytes", f"{budget} bytes is too large: at most 2^53 - 1 (R23)")
     actions = []
     for item in data["actions"]:
         actions.append(Action(kind=item["kind"], tensor=item["tensor"], to=item.get("to"),
@@ -164,7 +172,9 @@ def plan_from_dict(data, file: str = "<plan>") -> Plan:
     planner = PlannerInfo(name=raw_planner["name"], params=raw_planner.get("params", {}),
                           seconds=raw_planner.get("seconds"),
                           status=raw_planner.get("status", "ok"), gap=raw_planner.get("gap"),
-                          seed=raw_planner.get("seed"))
+                          seed=raw_planner.get("seed"), notes=raw_planner.get("notes", {}),
+                          estimate_us=raw_planner.get("estimate_us"),
+                          lower_bound_us=raw_planner.get("lower_bound_us"), bound=raw_planner.get("bound"))
     schedule = data.get("schedule")
     return Plan(
         profile_name=data["profile"]["name"],
@@ -178,6 +188,67 @@ def plan_from_dict(data, file: str = "<plan>") -> Plan:
         predicted=data.get("predicted"),
         origin=file,
     )
+
+
+def _schema_errors(data) -> list:
+    """The schema's errors, sorted. The actions and the schedule (the bulk of a large
+    plan) are checked inline when they are well formed, the rest by jsonschema; any
+    doubt runs jsonschema on the whole document, so its messages are the same."""
+    if isinstance(data, dict) and _actions_ok(data.get("actions")) and _schedule_ok(data.get("schedule", None)):
+        light = dict(data, actions=[])
+        if data.get("schedule") is not None:
+            light["schedule"] = []
+        if not any(True for _ in _validator().iter_errors(light)):
+            return []
+    return sorted(_validator().iter_errors(data),
+                  key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+
+
+# The fields each action kind must have, exactly (the schema's required and
+# additionalProperties: false), and which of them may be null.
+_ACTION_KEYS = {"offload": frozenset({"kind", "tensor", "to", "after"}),
+                "prefetch": frozenset({"kind", "tensor", "from", "after", "before"}),
+                "drop": frozenset({"kind", "tensor", "after"}),
+                "recompute": frozenset({"kind", "tensor", "before"})}
+_NULLABLE = {"offload": ("after",), "prefetch": ("after", "before"), "drop": (), "recompute": ()}
+
+
+def _actions_ok(actions) -> bool:
+    """True when every action is one the schema accepts (checked without jsonschema)."""
+    if type(actions) is not list:
+        return False
+    for item in actions:
+        if type(item) is not dict:
+            return False
+        kind = item.get("kind")
+        if type(kind) is not str or kind not in _ACTION_KEYS or item.keys() != _ACTION_KEYS[kind]:
+            return False
+        tensor = item["tensor"]
+        if type(tensor) is not str or not tensor:
+            return False
+        tier = item.get("to", item.get("from"))
+        if kind in ("offload", "prefetch") and tier not in TIERS:
+            return False
+        nullable = _NULLABLE[kind]
+        for key in ("after", "before"):
+            if key in item:
+                value = item[key]
+                if value is None and key in nullable:
+                    continue
+                if type(value) is not str or not value:
+                    return False
+    return True
+
+
+def _schedule_ok(schedule) -> bool:
+    if schedule is None:
+        return True
+    if type(schedule) is not list:
+        return False
+    for op_id in schedule:
+        if type(op_id) is not str or not op_id:
+            return False
+    return True
 
 
 def _most_precise(errors):

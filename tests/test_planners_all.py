@@ -9,7 +9,7 @@ from planner.analysis import budget_floor
 from planner.api import make_plan
 from planner.registry import Param, get_planner, planners
 from simulator.catalog import open_profile
-from simulator.errors import InputError
+from simulator.errors import InfeasibleError, InputError
 from simulator.hardware import load_hardware
 from simulator.plan import plan_json
 
@@ -70,7 +70,7 @@ def test_same_inputs_and_seed_give_byte_identical_plans(profiles, planner):
 def test_budget_below_the_floor_names_it(profiles):
     profile = profiles["synth-mlp-l16-w8192-b1024"]
     floor, op = budget_floor(profile, moves_persistent=False)
-    with pytest.raises(InputError, match=f"smallest budget planner 'none' can meet: {floor} bytes \\(op '{op}'"):
+    with pytest.raises(InfeasibleError, match=f"smallest budget planner 'none' can meet: {floor} bytes \\(op '{op}'"):
         make_plan(profile, HW, floor - 1, "none")
 
 

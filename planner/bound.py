@@ -1,0 +1,165 @@
+"""A fast lower bound on the iteration time any plan can reach within a budget.
+
+The argument, op by op, for the profile's own order. Let E_p be the bytes by which op
+p's no-swap resident set exceeds the budget. While p runs, at least E_p bytes of tensors
+that p does not touch must be off the GPU. A non-persistent such tensor was produced on
+the GPU before p and is used again after p, so each of its bytes was either
+
+- swapped: it crossed the PCIe up link after its producer ran, before p started, and
+  crosses the down link back after p started, before its next use; or
+- recomputed: it was dropped and its producer runs again after p, before its next use.
+
+With A_p the compute time before p, C_p the compute time from p's start to the end,
+S bytes swapped and R recomputed (S + R = E_p), and one PCIe latency each way:
+
+    iteration >= max(A_p, lat + S / up) + max(C_p + recompute_time(R), lat + S / down)
+
+because p cannot start before its predecessors have run nor before S bytes have left,
+and the iteration cannot end before the rest of the compute (and the recomputes) has
+run nor before S bytes have come back. recompute_time(R) is the least producer time
+that regenerates R bytes, taking tensors live and idle at p cheapest per byte first and
+allowing fractions (a relaxation, so still a bound). The bound is the maximum over ops
+of the minimum over S of that expression, and never below the ideal time. The swap-only
+variant fixes R = 0.
+
+Where weights and optimizer state may move too (planners that place them off the GPU),
+their idle bytes at p are counted as free to move (a relaxation again). The bound holds
+for every plan that keeps the profile's op order; it ignores SSD speed (an SSD copy also
+crosses PCIe, so it is never faster) and contention between offloads of different ops.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from simulator.compiled import link_speed
+from simulator.hardware import Hardware
+from simulator.profile import Profile
+
+from .analysis import op_start_us
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A lower bound on the iteration time, the op that sets it and why."""
+    iteration_us: float
+    op: str | None
+    recompute: bool
+    moves_persistent: bool
+    feasible: bool = True     # False: no plan of this kind fits the budget at all
+
+    @property
+    def kind(self) -> str:
+        """Which bound: ``swap`` or ``swap+recompute``, ``+persistent`` when weights move."""
+        return ("swap+recompute" if self.recompute else "swap") + ("+persistent" if self.moves_persistent else "")
+
+    def gap(self, iteration_us: float) -> float | None:
+        """How far a plan's time is above the bound (0.05 = 5% above); None if infinite."""
+        if not self.feasible or self.iteration_us <= 0:
+            return None
+        return iteration_us / self.iteration_us - 1.0
+
+
+def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompute: bool = True,
+                moves_persistent: bool = False) -> Bound:
+    """The lower bound of the module docstring for ``budget_bytes`` on ``hardware``."""
+    starts = op_start_us(profile)
+    ideal = starts[-1]
+    latency, up = link_speed(hardware, "offload", "host")
+    _, down = link_speed(hardware, "prefetch", "host")
+    tensors = profile.tensor_by_id
+    live = _live_sets(profile)
+    best, where = profile.ideal_us, None   # the rounded ideal time (R3) the simulator reports
+    candidates = []
+    for p, op in enumerate(profile.ops):
+        excess = profile.resident_bytes[p] - budget_bytes
+        if excess <= 0:
+            continue
+        touched = set(op.inputs) | set(op.outputs) | set(op.updates)
+        idle = [t for t in live[p] if t not in touched]
+        if moves_persistent:
+            excess -= sum(t.bytes for t in profile.tensors if t.persistent and t.id not in touched)
+            if excess <= 0:
+                continue
+        movable = sum(tensors[t].bytes for t in idle)
+        if movable < excess:
+            return Bound(float("inf"), op.id, recompute, moves_persistent, feasible=False)
+        swap_only = _expression(starts[p], ideal - starts[p], excess, 0.0, latency, up, down)
+        candidates.append((swap_only, p, excess, idle))
+    candidates.sort(key=lambda c: -c[0])
+    for swap_only, p, excess, idle in candidates:
+        if swap_only <= best:
+            break   # the recompute variant of this op and every later one is no larger
+        value = swap_only
+        if recompute:
+            value = _with_recompute(profile, starts[p], ideal - starts[p], excess, idle, latency, up, down)
+        if value > best:
+            best, where = value, profile.ops[p].id
+    return Bound(best, where, recompute, moves_persistent)
+
+
+def _expression(before_us: float, rest_us: float, swapped: float, recompute_us: float,
+                latency: float, up: float, down: float) -> float:
+    out = max(before_us, latency + swapped / up) if swapped > 0 else before_us
+    back = latency + swapped / down if swapped > 0 else 0.0
+    return out + max(rest_us + recompute_us, back)
+
+
+def _with_recompute(profile: Profile, before_us: float, rest_us: float, excess: int, idle: list[str],
+                    latency: float, up: float, down: float) -> float:
+    """The minimum over the bytes swapped S (the rest recomputed) of the expression. It is
+    convex and piecewise linear in S, so the minimum lies at one of its breakpoints: the
+    ends, where the copies out stop limiting the start of p, the ends of the recompute
+    cost's pieces, and where on each piece the copies back meet the compute after p."""
+    costs = sorted((profile.ops[profile.producer[t]].time_us / b, b) for t in idle
+                   if (b := profile.tensor_by_id[t].bytes) > 0)
+    cum_bytes, cum_time = [0], [0.0]
+    for ratio, nbytes in costs:
+        cum_bytes.append(cum_bytes[-1] + nbytes)
+        cum_time.append(cum_time[-1] + ratio * nbytes)
+
+    def recompute_us(nbytes: float) -> float:
+        i = min(max(bisect.bisect_left(cum_bytes, nbytes), 1), len(costs))
+        return cum_time[i - 1] + (nbytes - cum_bytes[i - 1]) * costs[i - 1][0]
+
+    def value(swapped: float) -> float:
+        return _expression(before_us, rest_us, swapped, recompute_us(excess - swapped), latency, up, down)
+
+    points = {0.0, float(excess), (before_us - latency) * up}
+    for i, (ratio, _) in enumerate(costs):
+        lo, hi = excess - cum_bytes[i + 1], excess - cum_bytes[i]     # S on this piece of the cost
+        points.update((lo, hi))
+        rest = rest_us + cum_time[i] + (excess - cum_bytes[i]) * ratio  # compute after p at S = 0 on it
+        points.add((rest - latency) / (ratio + 1.0 / down))
+    return min(value(point) for point in points if 0.0 <= point <= excess)
+
+
+def _live_sets(profile: Profile) -> list[list[str]]:
+    """The non-persistent tensors live at each op (produced at or before it, last used at
+    or after it), as lists of ids."""
+    n = len(profile.ops)
+    starting: list[list[str]] = [[] for _ in range(n + 1)]
+    ending: list[list[str]] = [[] for _ in range(n + 1)]
+    for t in profile.tensors:
+        if t.persistent:
+            continue
+        first, last = profile.lifetime(t.id)
+        starting[first].append(t.id)
+        ending[last + 1].append(t.id)
+    live: dict[str, None] = {}
+    out = []
+    for p in range(n):
+        for tid in ending[p]:
+            live.pop(tid, None)
+        for tid in starting[p]:
+            live[tid] = None
+        out.append(list(live))
+    return out
+
+
+def bound_fields(bound: Bound, result) -> dict:
+    """``lower_bound_us``, ``gap_to_bound`` and ``bound`` (its kind) for a result: the gap
+    only for a plan that runs, the bound None when no plan of its kind fits."""
+    return {"lower_bound_us": bound.iteration_us if bound.feasible else None,
+            "gap_to_bound": bound.gap(result.iteration_us) if result.ok else None,
+            "bound": bound.kind}
