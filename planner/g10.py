@@ -31,11 +31,12 @@ How the paper's terms map onto this simulator:
   "SSD bandwidth" in the rule is the slower of the SSD's read and write bandwidth; "PCIe
   bandwidth" the slower PCIe direction.
 - Bandwidth is accounted as link time: kernel k offers ``time_us[k]`` on each of
-  ``d2h``, ``h2d``, ``ssd_write``, ``ssd_read`` (one ``pcie`` link for both directions on
-  a half-duplex machine), and a move needs its simulated duration (latency + bytes /
-  rate, ``simulator.program.link_speed``) on every link it holds. For a host move this is
-  "bandwidth x kernel time"; an SSD move holds its PCIe direction for its whole, slower,
-  duration (R18), so it is charged that time there, not its bytes.
+  ``pcie_up``, ``pcie_down``, ``ssd_write``, ``ssd_read`` (and of the one copy engine on
+  a half-duplex machine). A move runs for its lone duration (latency + bytes / the
+  slowest link's bandwidth, ``simulator.compiled.link_speed``) and uses each link it
+  crosses in proportion to its share of that link's bandwidth, as the simulator shares
+  links (R17): an SSD move takes bytes / PCIe bandwidth of PCIe time, which leaves the
+  rest of PCIe to host moves. For a host move this is "bandwidth x kernel time".
 - "SSD write bandwidth is free" is read as: with the link time left, the eviction ends
   and the prefetch starts inside the interval with the tensor away for at least one
   kernel. Host moves pass the same test; SSD capacity is checked like host capacity (R19:
@@ -89,9 +90,9 @@ Departures (and why):
   profiles; before round 3 and the advances, every g10 plan the simulator found
   infeasible on them had its own estimate over budget).
   And when the SSD was in play and the rules alone did not fit, the same planner is run
-  without the SSD and the plan the simulator runs faster is kept: an SSD move holds its
-  PCIe direction for its whole duration here (R18), so SSD-first can spend the link time
-  that host moves needed (it does on the shipped profiles).
+  without the SSD and the plan the simulator runs faster is kept: the rule sends a long
+  interval to the slower SSD first, and the SSD's own bandwidth can then be what the
+  moves that free memory in time lack.
 - Timing is the ideal timeline; the plan is not re-planned from simulated times.
 """
 from __future__ import annotations
@@ -163,39 +164,60 @@ class Move:
 
 @dataclass
 class Reservation:
-    """Link time one transfer takes from kernels ``lo``.. on ``links``."""
-    links: tuple[str, ...]
+    """Link time one transfer takes from kernels ``lo``.. on ``links``: ``used`` is the
+    transfer's own running time in each kernel; a link with scale s gives 1/s of that
+    (the transfer uses that share of its bandwidth)."""
+    links: tuple[tuple[str, float], ...]
     lo: int
     used: np.ndarray
 
 
 class LinkTime:
-    """Link time left at each kernel, per link (rule R17/R18 resources)."""
+    """Link time left at each kernel, per link (R17, R18): ``pcie_up``, ``pcie_down``,
+    ``ssd_write``, ``ssd_read``, and on a half-duplex machine the one copy ``engine``.
+
+    A transfer runs at the rate of the slowest link it crosses and uses each link's
+    bandwidth in proportion: an SSD copy takes bytes / PCIe bandwidth of PCIe time, not
+    its whole (slower) duration, as links are shared by bandwidth (R17 of the rules'
+    version 2). The copy engine is held whole while a copy that needs it runs.
+    """
 
     def __init__(self, times: np.ndarray, hardware):
-        half = hardware.pcie.duplex == "half"
-        names = ("pcie",) if half else ("d2h", "h2d")
-        names += ("ssd_write", "ssd_read")
+        self.hardware = hardware
+        self.half = hardware.pcie.duplex == "half"
+        names = ("pcie_up", "pcie_down", "ssd_write", "ssd_read") + (("engine",) if self.half else ())
         # one entry per kernel, then the tail after the last kernel (closed until opened)
         self.left = {name: np.append(times.astype(float), 0.0) for name in names}
-        self.half = half
 
     def open_tail(self) -> None:
         """Let transfers run on after the last kernel (they then lengthen the iteration)."""
         for left in self.left.values():
             left[-1] = np.inf
 
-    def links(self, direction: str, tier: str) -> tuple[str, ...]:
-        """The links a transfer holds: its PCIe direction, and the SSD queue for the SSD."""
-        pcie = "pcie" if self.half else ("d2h" if direction == "offload" else "h2d")
+    def links(self, direction: str, tier: str) -> tuple[tuple[str, float], ...]:
+        """The links a transfer crosses, each with its scale: the link's bandwidth over the
+        transfer's rate (1 for the slowest link, and for the copy engine)."""
+        pcie = self.hardware.pcie
+        pcie_name, pcie_gbps = ("pcie_up", pcie.d2h_gbps) if direction == "offload" else ("pcie_down", pcie.h2d_gbps)
+        rates = {pcie_name: pcie_gbps}
         if tier == "ssd":
-            return (pcie, "ssd_write" if direction == "offload" else "ssd_read")
-        return (pcie,)
+            ssd = self.hardware.ssd
+            if direction == "offload":
+                rates["ssd_write"] = ssd.write_gbps
+            else:
+                rates["ssd_read"] = ssd.read_gbps
+        rate = min(rates.values())
+        found = tuple((name, gbps / rate) for name, gbps in rates.items())
+        if self.half and (tier == "host" or self.hardware.ssd.path == "host"):
+            found += (("engine", 1.0),)
+        return found
 
     def _available(self, links, lo: int, hi: int) -> np.ndarray:
-        avail = self.left[links[0]][lo:hi]
-        for name in links[1:]:
-            avail = np.minimum(avail, self.left[name][lo:hi])
+        """The transfer's own running time the links leave it in each kernel."""
+        (name, scale), *rest = links
+        avail = self.left[name][lo:hi] * scale
+        for name, scale in rest:
+            avail = np.minimum(avail, self.left[name][lo:hi] * scale)
         return np.maximum(avail, 0.0)
 
     def forward(self, links, lo: int, hi: int, duration: float):
@@ -262,15 +284,15 @@ class LinkTime:
 
     def take(self, reservation: Reservation | None) -> None:
         if reservation is not None:
-            for name in reservation.links:
+            for name, scale in reservation.links:
                 seg = self.left[name][reservation.lo:reservation.lo + len(reservation.used)]
-                seg -= reservation.used
+                seg -= reservation.used / scale
 
     def give_back(self, reservation: Reservation | None) -> None:
         if reservation is not None:
-            for name in reservation.links:
+            for name, scale in reservation.links:
                 seg = self.left[name][reservation.lo:reservation.lo + len(reservation.used)]
-                seg += reservation.used
+                seg += reservation.used / scale
 
 
 class TierSpace:
