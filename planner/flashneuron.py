@@ -44,6 +44,12 @@ Departures and limits:
   after it (used by the loss's neighbours only) is not offloadable: nothing could run
   while it is away.
 - The loss is the last forward op of the profile.
+- Only what the budget needs: the working-set reserve of the rule above counts the
+  largest single-kernel working set on top of the activations, which on language models
+  with large logits makes it offload 1.1-2.1x the bytes the budget requires. So the
+  rule's list is trimmed to its shortest prefix (still in kernel order) whose plan the
+  simulator runs in the budget, found by bisection (``offloaded_by_rule`` in the notes
+  keeps the rule's own count). When the rule's plan does not fit, it is kept as is.
 """
 from __future__ import annotations
 
@@ -51,7 +57,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.plan import offload, prefetch
+from simulator.api import Simulator
+from simulator.plan import Plan, offload, prefetch
 from simulator.compiled import link_speed
 
 from .analysis import op_start_us, touches, working_set
@@ -174,7 +181,34 @@ def plan_flashneuron(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS
     if loss is None:
         return Draft(notes={**notes, "offloaded": 0})
     room = activation_budget(profile, budget_bytes)
-    chosen = choose_offloads(offloadable(profile, loss), room)
+    by_rule = choose_offloads(offloadable(profile, loss), room)
+    simulator = Simulator(profile, hardware)
+
+    def actions(count: int) -> list:
+        return offload_actions(profile, hardware, by_rule[:count], tier, loss, budget_bytes)
+
+    def fits(count: int) -> bool:
+        return simulator.score(Plan(profile.name, tuple(actions(count))), budget_bytes).ok
+
+    count = len(by_rule)
+    if fits(count):   # the fewest offloads (in kernel order) the simulator runs in the budget
+        lo, hi = 0, count
+        while lo < hi:
+            middle = (lo + hi) // 2
+            if fits(middle):
+                hi = middle
+            else:
+                lo = middle + 1
+        count = lo
+    chosen = by_rule[:count]
+    notes.update(offloaded=len(chosen), offloaded_bytes=sum(c.nbytes for c in chosen),
+                 offloaded_by_rule=len(by_rule), offloaded_bytes_by_rule=sum(c.nbytes for c in by_rule),
+                 activation_budget_bytes=room)
+    return Draft(actions=actions(count), notes=notes)
+
+
+def offload_actions(profile, hardware, chosen: list[Candidate], tier: str, loss: int, budget_bytes: int) -> list:
+    """The offloads and prefetches of the chosen tensors, in issue order."""
     issue = prefetch_issue_ops(profile, hardware, chosen, tier, loss, budget_bytes)
     ops = profile.ops
     keyed = []
@@ -183,6 +217,4 @@ def plan_flashneuron(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS
         keyed.append(((issue[c.tensor], 1, c.before, k),
                       prefetch(c.tensor, ops[issue[c.tensor]].id, ops[c.before].id, tier)))
     keyed.sort(key=lambda item: item[0])
-    notes.update(offloaded=len(chosen), offloaded_bytes=sum(c.nbytes for c in chosen),
-                 activation_budget_bytes=room)
-    return Draft(actions=[action for _, action in keyed], notes=notes)
+    return [action for _, action in keyed]
