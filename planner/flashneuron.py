@@ -62,6 +62,7 @@ from simulator.plan import Plan, offload, prefetch
 from simulator.compiled import link_speed
 
 from .analysis import op_start_us, touches, working_set
+from .lowering import OFFLOAD, PREFETCH, Step, issue_order
 from .registry import DEFAULT_OPTIONS, Draft, register
 
 
@@ -213,8 +214,7 @@ def offload_actions(profile, hardware, chosen: list[Candidate], tier: str, loss:
     ops = profile.ops
     keyed = []
     for k, c in enumerate(chosen):
-        keyed.append(((c.after, 0, k), offload(c.tensor, ops[c.after].id, tier)))
-        keyed.append(((issue[c.tensor], 1, c.before, k),
+        keyed.append(Step(c.after, OFFLOAD, 0, k, offload(c.tensor, ops[c.after].id, tier)))
+        keyed.append(Step(issue[c.tensor], PREFETCH, c.before, k,
                       prefetch(c.tensor, ops[issue[c.tensor]].id, ops[c.before].id, tier)))
-    keyed.sort(key=lambda item: item[0])
-    return [action for _, action in keyed]
+    return issue_order(keyed)

@@ -112,6 +112,7 @@ from simulator.compiled import link_speed
 
 from .analysis import idle_gaps, op_start_us, touches
 from .api import score
+from .lowering import PREFETCH, Step, issue_order, phase_of
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
 
 
@@ -715,12 +716,11 @@ def to_actions(profile, moves: list[Move]) -> tuple[list, dict[str, str]]:
         fetch_after = move.fetch_start - 1
         evict = drop(iv.tensor, ops[iv.after].id) if move.evicts_by_drop() else \
             offload(iv.tensor, ops[iv.after].id, move.tier)
-        keyed.append(((iv.after, 0, iv.before, iv.order), evict))
-        keyed.append(((fetch_after, 1, iv.before, iv.order),
+        keyed.append(Step(iv.after, phase_of(evict), iv.before, iv.order, evict))
+        keyed.append(Step(fetch_after, PREFETCH, iv.before, iv.order,
                       prefetch(iv.tensor, ops[fetch_after].id if fetch_after >= 0 else None,
                                ops[iv.before].id, move.tier)))
-    keyed.sort(key=lambda item: item[0])
-    return [action for _, action in keyed], initial
+    return issue_order(keyed), initial
 
 
 def g10_moves(profile, hardware, budget_bytes: int, rule_factor: float, eager_limit: float,

@@ -87,6 +87,7 @@ from simulator.plan import Action, drop, offload, prefetch
 from simulator.profile import Profile, dataflow_graph
 
 from .api import score
+from .lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
 
 SEARCH_LEVELS = 10   # TFLMS searches at most this many levels back for a control op
@@ -203,10 +204,10 @@ def tensor_actions(profile: Profile, levels: Levels, tid: str, knobs: Knobs) -> 
         if trigger <= previous:
             continue  # the swap-in would fire before the previous use: it stays resident
         if found:
-            found.append((previous, 0, first, drop(tid, ops[previous].id)))
-        found.append((trigger, 2, first, prefetch(tid, ops[trigger].id, ops[first].id, "host")))
+            found.append((previous, DROP, first, drop(tid, ops[previous].id)))
+        found.append((trigger, PREFETCH, first, prefetch(tid, ops[trigger].id, ops[first].id, "host")))
     if found:
-        found.append((out_at, 1, out_at, offload(tid, ops[out_at].id, "host")))
+        found.append((out_at, OFFLOAD, out_at, offload(tid, ops[out_at].id, "host")))
     return found
 
 
@@ -217,9 +218,8 @@ def lms_actions(profile: Profile, levels: Levels, knobs: Knobs) -> list[Action]:
     keyed = []
     for tid in swappable_tensors(profile):
         for position, rank, needed, action in tensor_actions(profile, levels, tid, knobs):
-            keyed.append(((position, rank, needed, order[tid]), action))
-    keyed.sort(key=lambda item: item[0])
-    return [action for _, action in keyed]
+            keyed.append(Step(position, rank, needed, order[tid], action))
+    return issue_order(keyed)
 
 
 # ----------------------------------------------------------------------------- auto-tune

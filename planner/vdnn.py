@@ -93,6 +93,7 @@ from simulator.plan import Action, offload, prefetch
 from simulator.profile import Profile
 
 from .api import score
+from .lowering import OFFLOAD, PREFETCH, Step, issue_order
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
 
 MODES = ("all", "conv", "dyn")
@@ -318,7 +319,7 @@ def vdnn_actions(profile: Profile, mode: str) -> tuple[list[Action], dict]:
     offloaded = choose_offloads(profile, layers, mode)
     triggers = prefetch_triggers(layers, offloaded)
     ops = profile.ops
-    keyed: list[tuple[tuple, Action]] = []
+    keyed: list[Step] = []
     moved = 0
     for index, tensors in sorted(offloaded.items()):
         layer = layers[index]
@@ -327,14 +328,13 @@ def vdnn_actions(profile: Profile, mode: str) -> tuple[list[Action], dict]:
             after, before = prefetch_point(profile, tid, triggers.get(index))
             if out_at >= before - 1:
                 continue   # updated in place up to its backward use: nothing to hide
-            keyed.append(((out_at, 0, index, tid), offload(tid, ops[out_at].id, "host")))
-            keyed.append(((after, 1, before, tid), prefetch(tid, ops[after].id, ops[before].id, "host")))
+            keyed.append(Step(out_at, OFFLOAD, index, tid, offload(tid, ops[out_at].id, "host")))
+            keyed.append(Step(after, PREFETCH, before, tid, prefetch(tid, ops[after].id, ops[before].id, "host")))
             moved += profile.tensor_by_id[tid].bytes
-    keyed.sort(key=lambda item: item[0])
     notes = {"mode": mode, "layers": "module" if by_module else "one op per layer (profile has no module field)",
              "offloaded_layers": len(offloaded), "offloaded_tensors": sum(len(t) for t in offloaded.values()),
              "offloaded_bytes": moved}
-    return [action for _, action in keyed], notes
+    return issue_order(keyed), notes
 
 
 def fits(profile: Profile, hardware, budget_bytes: int, actions: list[Action]) -> bool:
