@@ -3,10 +3,9 @@
 Follows Peng et al., "Capuchin: Tensor-based GPU Memory Management for Deep Learning",
 ASPLOS 2020, section 4 (the memory-management policy: "Estimating Swap and
 Recomputation Benefit", "Determining Tensor Re-generation Cost", the hybrid swap /
-recompute selection and the MSPS recomputation selection), as summarised in
-/work/shared/research/heuristics.md. The paper's full text could not be read from here
-(only its abstract and third-party summaries of it), so the rules below are the
-summary's, and where the summary leaves a detail open the choice is this module's and
+recompute selection and the MSPS recomputation selection), as summarised from the
+paper (its abstract and third-party summaries of section 4; the full text could not be
+read here), so the rules below are that summary's, and where the summary leaves a detail open the choice is this module's and
 is listed under departures.
 
 1. Access sequence: from the profile on its ideal timeline

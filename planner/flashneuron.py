@@ -3,8 +3,8 @@
 Follows Bae et al., "FlashNeuron: SSD-Enabled Large-Batch Training of Very Deep Neural
 Networks", FAST 2021: its offloading policy, phase 1 (offload without compression), in
 the form of the public re-implementation of phase 1 that G10's artifact uses as its
-FlashNeuron baseline, as summarised in /work/shared/research/heuristics.md (the paper's
-text was not available here to check it against):
+FlashNeuron baseline, as summarised from the paper and that artifact (the paper's text
+was not available here to check it against):
 
 - Budget for activations = GPU memory budget - weights (here: every persistent tensor:
   weights, optimizer state, inputs, which stay on the GPU) - the largest single-kernel

@@ -2,9 +2,9 @@
 
 Follows Zhang et al., "G10: Enabling An Efficient Unified GPU Memory and Storage
 Architecture with Smart Tensor Migrations", MICRO 2023 (its tensor vitality analysis and
-smart tensor migration scheduling), through the summary in
-/work/shared/research/heuristics.md; the paper's full text was not available here to
-check that summary against, so every rule below is the summary's:
+smart tensor migration scheduling), as summarised from the paper (its full text was
+not available here to check that summary against), so every rule below is the
+summary's:
 
 1. Input: every tensor's idle intervals between uses, at kernel granularity
    (``planner.analysis.idle_gaps``; times from the ideal timeline).
