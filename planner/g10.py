@@ -109,6 +109,7 @@ import numpy as np
 
 from simulator.plan import drop, offload, prefetch
 from simulator.compiled import link_speed
+from simulator.units import us_to_ps
 
 from .analysis import idle_gaps, op_start_us, touches
 from .api import score
@@ -431,6 +432,7 @@ class G10State:
         self.over_after_rules = False
         self.taken: dict[int, Move] = {}  # interval order -> its chosen move
         self._over_sum: np.ndarray | None = None
+        self._times_ps = np.array([us_to_ps(op.time_us) for op in profile.ops], dtype=np.int64)
 
     def over_budget(self) -> bool:
         return bool(np.any(self.memory > self.budget))
@@ -509,9 +511,10 @@ class G10State:
         rebuilt only after memory changed)."""
         if hi <= lo:
             return 0.0
-        if self._over_sum is None:
-            self._over_sum = np.concatenate(([0.0], np.cumsum(np.where(self.memory > self.budget, self.times, 0.0))))
-        return float(self._over_sum[hi] - self._over_sum[lo])
+        if self._over_sum is None:   # in integer ps, so that a range with none over sums to exactly 0
+            over_ps = np.where(self.memory > self.budget, self._times_ps, 0)
+            self._over_sum = np.concatenate(([0], np.cumsum(over_ps)))
+        return float(self._over_sum[hi] - self._over_sum[lo]) / 1e6
 
     def _memory_changed(self) -> None:
         self._over_sum = None
@@ -687,7 +690,7 @@ def choose_moves(state: G10State, intervals: list[Interval]) -> None:
         if move is None or move.benefit <= 0:
             continue
         key = _key(move)
-        if heap and key > heap[0][:3] and move.benefit < (1.0 - LAZY_TOLERANCE) * -heap[0][0]:
+        if heap and key > heap[0][:3] and (LAZY_TOLERANCE == 0 or move.benefit < (1.0 - LAZY_TOLERANCE) * -heap[0][0]):
             heapq.heappush(heap, key + (interval,))
             continue
         state.commit(move)
