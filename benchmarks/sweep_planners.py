@@ -4,7 +4,8 @@ For every registered planner, every shipped profile, each hardware preset given 
 budget of 90/70/50/30% of the profile's no-swap peak (capped at the GPU's memory), it calls
 ``planner.api.make_plan`` and records one row:
 
-    profile, hardware, planner, fraction, budget_bytes, status, overhead, iteration_us, seconds
+    profile, hardware, planner, fraction, budget_bytes, status, overhead, iteration_us, seconds,
+    ideal_us, lower_bound_us and bound (the planner's kind of lower bound, when the engine has one)
 
 ``status`` is "ok", "infeasible" or "invalid" (the simulator's verdict on the plan),
 "below-floor" (budget under ``budget_floor``; not planned), "timeout" (over --timeout
@@ -18,6 +19,7 @@ Run:
         [--hardware a100-40gb-pcie4 h100-80gb-pcie5] [--planners g10 lms] [--profiles gpt2-b48-s1024]
         [--timeout SECONDS]
     .venv/bin/python benchmarks/sweep_planners.py --compare BEFORE.json AFTER.json
+    .venv/bin/python benchmarks/sweep_planners.py --markdown RESULTS.json ... --hardware a100-40gb-pcie4
 """
 from __future__ import annotations
 
@@ -65,7 +67,9 @@ def run_cell(profile, hw, spec, fraction: float, floor: int, timeout: float) -> 
         row.update(status="ok" if result.ok else ("invalid" if not result.valid else "infeasible"),
                    planner_status=planned.plan.planner.status, seconds=planned.seconds,
                    overhead=result.overhead if result.ok else None,
-                   iteration_us=result.iteration_us if result.ok else None)
+                   iteration_us=result.iteration_us if result.ok else None,
+                   ideal_us=result.ideal_us, lower_bound_us=(planned.plan.predicted or {}).get("lower_bound_us"),
+                   bound=planned.plan.planner.bound)
     except CellTimeout:
         row.update(status="timeout", seconds=time.perf_counter() - started)
     except Exception as exc:  # noqa: BLE001 - one crash must not stop the sweep
@@ -134,6 +138,31 @@ def compare(before_path: str, after_path: str) -> None:
               f"median overhead change {med}")
 
 
+def markdown(paths: list[str], hardware: str) -> None:
+    """A markdown table for docs/planners.md: per profile and distinct budget on one
+    machine, each planner's overhead (%), and the swap and swap+recompute lower bounds
+    as overheads over the ideal (from the lms and capuchin rows, whose kinds they are)."""
+    rows = [r for path in paths for r in json.loads(Path(path).read_text()) if r["hardware"] == hardware]
+    names = [n for n in ("capuchin", "g10", "lms", "vdnn", "flashneuron") if any(r["planner"] == n for r in rows)]
+    print("| profile | budget | " + " | ".join(names) + " | swap bound | swap+recompute bound |")
+    print("|---|---|" + "---|" * (len(names) + 2))
+    cells = {(r["profile"], r["budget_bytes"], r["planner"]): r for r in rows}
+    for profile in sorted({r["profile"] for r in rows}):
+        seen = []
+        for fraction in FRACTIONS:
+            budget = next(r["budget_bytes"] for r in rows if r["profile"] == profile and r["fraction"] == fraction)
+            if budget in seen:
+                continue
+            seen.append(budget)
+            line = [_cell(cells.get((profile, budget, n))) for n in names]
+            for kind in ("lms", "capuchin"):
+                row = cells.get((profile, budget, kind))
+                bound = row and row.get("lower_bound_us")
+                line.append(f"{(bound / row['ideal_us'] - 1) * 100:.1f}" if bound else "-")
+            label = f"{int(fraction * 100)}%" if budget < 40 * 2**30 or "a100" not in hardware else "40 GiB"
+            print(f"| {profile} | {label} | " + " | ".join(line) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="where to write the JSON rows")
@@ -142,9 +171,13 @@ def main() -> None:
     parser.add_argument("--profiles", nargs="+", help="only these shipped profiles")
     parser.add_argument("--timeout", type=float, default=0, help="per-cell limit in seconds (0: none)")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
+    parser.add_argument("--markdown", nargs="+", metavar="RESULTS", help="print a markdown table of these results "
+                                                                          "for the first --hardware")
     args = parser.parse_args()
     if args.compare:
         compare(*args.compare)
+    elif args.markdown:
+        markdown(args.markdown, args.hardware[0])
     elif args.out:
         sweep(args)
     else:
