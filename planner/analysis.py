@@ -7,19 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.compiled import compile_profile
 from simulator.profile import Profile
 
 
 def op_start_us(profile: Profile) -> tuple[float, ...]:
     """Start time of each op when nothing stalls (the ideal timeline); one extra entry
     at the end holds the ideal iteration time. Built once per profile."""
-    memo = profile.__dict__.get("_op_start_us")
-    if memo is None:
-        starts = [0.0]
-        for op in profile.ops:
-            starts.append(starts[-1] + op.time_us)
-        memo = profile.__dict__["_op_start_us"] = tuple(starts)
-    return memo
+    return compile_profile(profile).op_starts_us
 
 
 def touches(profile: Profile, tid: str) -> list[int]:

@@ -12,6 +12,7 @@ import weakref
 from array import array
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import accumulate
 
 from .hardware import Hardware
 from .profile import Profile, profile_sha256, update_order_pairs
@@ -118,6 +119,7 @@ class CompiledProfile:
     default_sequence: Sequence               # the profile's order, no recomputes
     profile_order: array                     # op positions 0..n-1 (the schedule of a plan without one)
     sha256: str                              # of the canonical profile (plans name their profile by it)
+    op_starts_us: tuple[float, ...]          # each op's start on the ideal timeline, then its end (planners)
     arrays: tuple                            # simulator/fastpath.py: what _fastsim reads
 
 
@@ -143,6 +145,7 @@ def compile_profile(profile: Profile) -> CompiledProfile:
         tensor_index=tensor_index, op_index=profile.op_index, order_pairs=pairs,
         default_sequence=build_sequence(profile, op_ps, [op.id for op in profile.ops], {}),
         profile_order=array("i", range(len(profile.ops))), sha256=profile_sha256(profile),
+        op_starts_us=(0.0, *accumulate(op.time_us for op in profile.ops)),
         arrays=_arrays(profile, op_ps, tensor_index, pairs))
     _compiled[key] = (weakref.ref(profile), compiled)
     weakref.finalize(profile, _compiled.pop, key, None)
