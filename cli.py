@@ -1,19 +1,21 @@
 """The swapplan command line: parses, calls one library function, prints.
 
-Bad input of any kind exits with status 2 and one line
-``error: <file>: <where>: <problem>``; ``--debug`` (anywhere on the line) shows the
-traceback instead.
+Bad input of any kind, a usage error included, exits with status 2 and one line
+``error: <file>: <where>: <problem>`` (long values shortened); ``--debug`` (anywhere on
+the line) prints the traceback before that line and keeps the exit status.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import traceback
 
 import click
 
 from simulator import catalog
-from simulator.errors import InputError, SwapplanError
+from simulator.errors import InputError, SwapplanError, shorten
+from simulator.files import check_output
 from simulator.hardware import load_hardware, load_presets
 from simulator.plan import check_plan, load_plan
 from simulator.units import format_bytes, format_us
@@ -23,7 +25,26 @@ EXIT_INTERNAL = 3
 
 
 def _echo_json(data) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False))
+    # allow_nan=False: a NaN or infinity is a bug to report (exit 3), never invalid JSON.
+    click.echo(json.dumps(data, indent=2, sort_keys=False, allow_nan=False))
+
+
+def _one_line(text: str) -> str:
+    """A message as one printable line: whitespace collapsed, long values shortened,
+    characters that cannot be encoded (a lone surrogate) escaped."""
+    text = shorten(" ".join(str(text).split()))
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _note(text: str) -> None:
+    click.echo("note: " + _one_line(text), err=True)
+
+
+def _outputs(*paths) -> None:
+    """Check every output path before any work (InputError for a folder, a link, a device)."""
+    for path in paths:
+        if path:
+            check_output(path)
 
 
 def _table(title: str | None, columns: list[str], rows: list[list], right: set[int] = frozenset()) -> None:
@@ -41,19 +62,40 @@ def _table(title: str | None, columns: list[str], rows: list[list], right: set[i
 
 
 class _Group(click.Group):
-    """Turns swapplan's errors into one line and an exit status."""
+    """Turns swapplan's errors, and click's usage errors, into one line and an exit status."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as exc:  # a usage error: one line, not click's three
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `swapplan` alone: the help, as before
+                exc.show()
+                sys.exit(exc.exit_code)
+            ctx = getattr(exc, "ctx", None)
+            command = ctx.command_path if ctx is not None else (prog_name or "swapplan")
+            hint = f" (see '{command} --help')" if isinstance(exc, click.UsageError) else ""
+            click.echo(f"error: {command}: {_one_line(exc.format_message()).rstrip('.')}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context):
-        debug = bool(ctx.obj and ctx.obj.get("debug"))
+        def debug() -> bool:  # read late: the group's own --debug is parsed inside super().invoke
+            return bool(ctx.obj and ctx.obj.get("debug"))
+
         try:
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except SwapplanError as exc:
-            if debug:
-                raise
+            if debug():
+                traceback.print_exc()
             message = exc.line() if isinstance(exc, InputError) else str(exc)
-            click.echo("error: " + " ".join(message.split()), err=True)
+            click.echo("error: " + _one_line(message), err=True)
             ctx.exit(EXIT_BAD_INPUT)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
@@ -62,24 +104,32 @@ class _Group(click.Group):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             ctx.exit(0)
         except Exception as exc:  # a bug in swapplan: say so in one line
-            if debug:
-                raise
-            click.echo(f"internal error: {type(exc).__name__}: {exc} "
-                       "(run again with --debug for the traceback, and please report it)", err=True)
+            if debug():
+                traceback.print_exc()
+            click.echo(_one_line(f"internal error: {type(exc).__name__}: {exc}")
+                       + " (run again with --debug for the traceback, and please report it)", err=True)
             ctx.exit(EXIT_INTERNAL)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="swapplan")
+@click.option("--debug", is_flag=True, help="On an error, print the Python traceback before the one-line "
+                                              "message (the exit status stays the same). Allowed anywhere "
+                                              "on the line.")
 @click.pass_context
-def app(ctx: click.Context) -> None:
+def app(ctx: click.Context, debug: bool) -> None:
     """swapplan: plan and simulate GPU memory swapping for DNN training.
 
     A PROFILE is a profile file (.json, .json.gz, .yaml) or the name of a shipped
     profile (see `swapplan profiles`). A hardware H is a preset name (see
-    `swapplan hardware`) or a hardware .yaml file. Add --debug anywhere for tracebacks.
+    `swapplan hardware`) or a hardware .yaml file.
+
+    Exit status: 0 success; 1 a plan that is invalid or does not fit; 2 bad input
+    (one line on stderr); 3 an internal error (please report it).
     """
     ctx.ensure_object(dict)
+    if debug:
+        ctx.obj["debug"] = True
 
 
 # ----------------------------------------------------------------------------- info
@@ -134,12 +184,22 @@ def validate(profile: str, plan: str | None) -> None:
 # ----------------------------------------------------------------------------- synth
 
 
+def _synth_default(key: str) -> str:
+    """``[default: mlp 8, cnn 8, transformer 12]`` for one synth option."""
+    from tracer.synthetic import DEFAULTS
+    parts = [f"{model} {values[key]}" for model, values in DEFAULTS.items() if values[key] is not None]
+    return f"[default: {', '.join(parts)}]"
+
+
 @app.command()
 @click.argument("model", type=click.Choice(["mlp", "cnn", "transformer"]))
-@click.option("--layers", type=int, help="Blocks (Linear+ReLU, residual blocks, transformer blocks).")
-@click.option("--width", type=int, help="Hidden size (mlp, transformer) or base channels (cnn).")
-@click.option("--batch", type=int, help="Batch size.")
-@click.option("--seq", type=int, help="Sequence length (transformer) or image side in pixels (cnn).")
+@click.option("--layers", type=int, help="Blocks (Linear+ReLU, residual blocks, transformer blocks). "
+                                         + _synth_default("layers"))
+@click.option("--width", type=int, help="Hidden size (mlp, transformer) or base channels (cnn). "
+                                        + _synth_default("width"))
+@click.option("--batch", type=int, help="Batch size. " + _synth_default("batch"))
+@click.option("--seq", type=int, help="Sequence length (transformer) or image side in pixels (cnn); "
+                                      "the mlp has none. " + _synth_default("seq"))
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True)
 @click.option("--hardware", "hardware_name", default="a100-40gb-pcie4", show_default=True,
               help="Preset or hardware file whose roofline gives kernel times.")
@@ -149,6 +209,7 @@ def synth(model, layers, width, batch, seq, dtype, hardware_name, output) -> Non
     from simulator.profile import save_profile
     from tracer.synthetic import synthesize
 
+    _outputs(output)
     profile = synthesize(model, layers=layers, width=width, batch=batch, seq=seq,
                          hardware=load_hardware(hardware_name), dtype=dtype)
     save_profile(profile, output)
@@ -177,31 +238,50 @@ def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, as_js
     Exit status: 0 valid and feasible, 1 invalid or infeasible (the report is still
     printed), 2 bad input.
     """
+    from planner.bound import bound_fields, lower_bound
     from simulator.engine import simulate as run_simulation
     from simulator.plan import empty_plan
     from simulator.plot import plot_memory
     from simulator.timeline import write_chrome_trace
     from simulator.units import parse_budget
 
+    _outputs(timeline_out, plot_out)
     loaded = catalog.open_profile(profile)
     loaded_plan = load_plan(plan) if plan is not None else empty_plan(loaded)
-    hardware = load_hardware(catalog.default_hardware(hardware_name, loaded_plan, loaded))
+    hardware = _hardware(hardware_name, loaded_plan, loaded)
     budget_bytes = parse_budget(budget, loaded.peak_bytes) if budget is not None else None
+    if budget_bytes is None and loaded_plan.budget_bytes is not None \
+            and loaded_plan.budget_bytes > hardware.gpu.memory_bytes:
+        raise InputError(plan, "budget_bytes",
+                         f"the plan's budget, {format_bytes(loaded_plan.budget_bytes)} ({loaded_plan.budget_bytes} "
+                         f"bytes), is more than the GPU's memory on {hardware.name} "
+                         f"({format_bytes(hardware.gpu.memory_bytes)}); give --budget to simulate it with another")
     result = run_simulation(loaded, loaded_plan, hardware, budget_bytes,
                             record=bool(timeline_out or plot_out))
+    # any plan may swap, recompute and move weights: the most general bound applies
+    bound = bound_fields(lower_bound(loaded, hardware, result.budget_bytes, recompute=True, moves_persistent=True),
+                         result)
     if timeline_out and result.timeline is not None:
         write_chrome_trace(result, timeline_out, title=f"{loaded.name} on {hardware.name}")
     if plot_out and result.timeline is not None:
         plot_memory(result, plot_out)
     if as_json:
-        _echo_json({"profile": loaded.name, "hardware": hardware.name, **result.to_dict()})
+        _echo_json({"profile": loaded.name, "hardware": hardware.name, **result.to_dict(), **bound})
     else:
-        _print_result(loaded.name, hardware.name, result)
+        _print_result(loaded.name, hardware.name, result, bound)
     if not result.ok:
         raise click.exceptions.Exit(1)
 
 
-def _print_result(profile_name: str, hardware_name: str, result) -> None:
+def _hardware(hardware_name, plan, profile):
+    """The hardware to use; a note on stderr when it was chosen from the profile's GPU."""
+    spec, note = catalog.choose_hardware(hardware_name, plan, profile)
+    if note:
+        _note(note)
+    return load_hardware(spec)
+
+
+def _print_result(profile_name: str, hardware_name: str, result, bound: dict | None = None) -> None:
     status = "ok" if result.ok else ("INVALID" if not result.valid else "INFEASIBLE")
     click.echo(f"{profile_name} on {hardware_name}, budget {format_bytes(result.budget_bytes)}: {status}")
     if not result.ok:
@@ -211,6 +291,9 @@ def _print_result(profile_name: str, hardware_name: str, result) -> None:
         return
     click.echo(f"  iteration  {format_us(result.iteration_us)}  (ideal {format_us(result.ideal_us)}, "
                f"overhead {result.overhead * 100:.2f}%)")
+    if bound is not None and bound["lower_bound_us"] is not None:
+        click.echo(f"  bound      {format_us(bound['lower_bound_us'])}  (no {bound['bound']} plan is faster; "
+                   f"this one is {bound['gap_to_bound'] * 100:.2f}% above it)")
     click.echo(f"  compute    {format_us(result.compute_us)}  (recompute {format_us(result.recompute_us)})")
     click.echo(f"  stalls     {format_us(result.stall_us)}  (data {format_us(result.stall_data_us)}, "
                f"memory {format_us(result.stall_memory_us)}), tail {format_us(result.tail_us)}")
@@ -254,6 +337,8 @@ def trace_cmd(model, batch, seq, dtype, optimizer, hardware_name, cpu_kernels, n
     extra (torch, transformers).
     """
     from simulator.profile import save_profile
+
+    _need_torch()
     from tracer.torch_trace import trace
 
     if list_models:
@@ -263,12 +348,34 @@ def trace_cmd(model, batch, seq, dtype, optimizer, hardware_name, cpu_kernels, n
         return
     if model is None or output is None:
         raise click.UsageError("MODEL and -o/--output are required (or --list)")
+    _outputs(output)
     click.echo(f"tracing {model} ...", err=True)
-    profile = trace(model, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer, hardware=hardware_name,
-                    name=name, gpu_kernels=not cpu_kernels)
+    try:
+        profile = trace(model, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer, hardware=hardware_name,
+                        name=name, gpu_kernels=not cpu_kernels)
+    except ModuleNotFoundError as exc:  # transformers, for the Hugging Face models
+        if (exc.name or "").split(".")[0] not in ("torch", "transformers"):
+            raise
+        raise InputError("<argument>", "trace", f"tracing {model} needs {exc.name}; {_TRACE_HINT}") from None
     save_profile(profile, output)
     click.echo(f"wrote {output}: {profile.name}, {len(profile.ops)} ops, {len(profile.tensors)} tensors, "
                f"peak {format_bytes(profile.peak_bytes)}, ideal {format_us(profile.ideal_us)}")
+
+
+_TRACE_HINT = ("install the trace extra: from a checkout, pip install -e '.[trace]' (from a package index, "
+               "pip install 'swapplan[trace]')")
+
+
+def _need_torch() -> None:
+    """InputError (exit 2) naming the extra to install when torch is missing."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # ValueError: blocked (sys.modules["torch"] is None)
+        found = False
+    if not found:
+        raise InputError("<argument>", "trace", f"tracing needs torch; {_TRACE_HINT}")
 
 
 # ----------------------------------------------------------------------------- import
@@ -285,7 +392,8 @@ def import_group() -> None:
                                                     "dataflow, and weights / optimizer state / inputs.")
 @click.option("--iteration", type=int, default=None,
               help="Which ProfilerStep#N to take [default: the last complete one].")
-@click.option("--name", default=None, help="Profile name [default: the output file's name].")
+@click.option("--name", default=None, help="Profile name [default: the trace file's name without "
+                                            "its extensions].")
 @click.option("-o", "--output", required=True, help="Profile file to write (.json, .json.gz, .yaml).")
 def import_kineto_cmd(trace, et_path, iteration, name, output) -> None:
     """A PyTorch profiler (Kineto) trace measured on a GPU becomes a profile with measured
@@ -294,10 +402,17 @@ def import_kineto_cmd(trace, et_path, iteration, name, output) -> None:
     from simulator.profile import save_profile
     from tracer.kineto import import_kineto
 
-    profile = import_kineto(trace, et_path=et_path, iteration=iteration, name=name or catalog.profile_stem(output))
+    if name is not None and not name.strip():
+        raise InputError("<argument>", "--name", "expected a profile name, got an empty one")
+    _outputs(output)
+    profile = import_kineto(trace, et_path=et_path, iteration=iteration, name=name)
     save_profile(profile, output)
     click.echo(f"wrote {output}: {profile.name}, {len(profile.ops)} ops, {len(profile.tensors)} tensors, "
                f"peak {format_bytes(profile.peak_bytes)}, ideal {format_us(profile.ideal_us)} (measured)")
+    gpu = profile.source.get("gpu") or {}
+    if gpu.get("unattributed_in_trace"):
+        _note(f"{gpu['unattributed_in_trace']} GPU events (kernels, copies, memsets) match no operator's launch "
+              "(no correlation or External id to follow) and are left out of the op times")
     if et_path is None:
         click.echo("note: without --et the profile has no weights, optimizer state or inputs (they were "
                    "allocated before the trace); percentages of the peak exclude them", err=True)
@@ -338,8 +453,9 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, output,
     from simulator.plan import save_plan
     from simulator.units import parse_budget
 
+    _outputs(output)
     loaded = catalog.open_profile(profile)
-    hardware = load_hardware(catalog.default_hardware(hardware_name, None, loaded))
+    hardware = _hardware(hardware_name, None, loaded)
     budget_bytes = parse_budget(budget, loaded.peak_bytes)
     planned = make_plan(loaded, hardware, budget_bytes, planner_name, _parse_params(params), seed)
     if output:
@@ -348,13 +464,17 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, output,
     summary = {"profile": loaded.name, "hardware": hardware.name, "planner": planner_name,
                "params": planned.plan.planner.params, "seed": seed, "status": planned.plan.planner.status,
                "budget_bytes": budget_bytes, "planning_seconds": planned.seconds,
-               "actions": len(planned.plan.actions), "output": output, **result.to_dict()}
+               "actions": len(planned.plan.actions), "output": output, "notes": planned.plan.planner.notes,
+               "estimate_us": planned.plan.planner.estimate_us, "bound": planned.plan.planner.bound,
+               "lower_bound_us": planned.plan.predicted["lower_bound_us"],
+               "gap_to_bound": planned.plan.predicted["gap_to_bound"], **result.to_dict()}
     if as_json:
         _echo_json(summary)
     else:
         click.echo(f"planner {planner_name} ({planned.plan.planner.status}): {len(planned.plan.actions)} actions "
                    f"in {planned.seconds:.3f} s" + (f", written to {output}" if output else ""))
-        _print_result(loaded.name, hardware.name, result)
+        _print_result(loaded.name, hardware.name, result, {key: summary[key] for key in
+                                                          ("lower_bound_us", "gap_to_bound", "bound")})
     if not result.ok:
         raise click.exceptions.Exit(1)
 
@@ -369,7 +489,8 @@ def planners_cmd(as_json: bool) -> None:
     if as_json:
         _echo_json([{"name": s.name, "summary": s.summary, "paper": s.paper,
                      "moves_persistent": s.moves_persistent,
-                     "params": [{"name": p.name, "default": p.default, "help": p.help,
+                     "params": [{"name": p.name, "default": p.default, "help": p.help, "type": p.type.__name__,
+                                 "values": p.describe(),
                                  "choices": list(p.choices) if p.choices else None} for p in s.params]}
                     for s in specs])
         return
@@ -378,8 +499,7 @@ def planners_cmd(as_json: bool) -> None:
         if spec.moves_persistent:
             click.echo("    moves weights and optimizer state too")
         for p in spec.params:
-            choices = f" (one of {', '.join(p.choices)})" if p.choices else ""
-            click.echo(f"    --param {p.name}={p.default}  {p.help}{choices}")
+            click.echo(f"    --param {p.name}={p.default}  {p.help} ({p.describe()})")
 
 
 # ----------------------------------------------------------------------------- lists

@@ -1,7 +1,9 @@
 """What ships with swapplan (profiles) and summaries of a profile for people and scripts."""
 from __future__ import annotations
 
+import heapq
 import importlib.resources
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -55,16 +57,53 @@ DEFAULT_HARDWARE = "a100-40gb-pcie4"
 
 
 def default_hardware(explicit: str | None, plan=None, profile: Profile | None = None) -> str:
-    """Which hardware to use: the explicit one, the plan's, the profile's roofline
-    preset (``source.timing = roofline:<preset>``), else a100-40gb-pcie4."""
+    """Which hardware to use (see ``choose_hardware``): a preset name or a file."""
+    return choose_hardware(explicit, plan, profile)[0]
+
+
+def choose_hardware(explicit: str | None, plan=None, profile: Profile | None = None) -> tuple[str, str | None]:
+    """Which hardware to use, and a note for the user when it was not given:
+    the explicit one; the plan's; the profile's roofline preset (``source.timing =
+    roofline:<preset>``); the preset whose GPU matches the one a measured profile names
+    (``source.device``, e.g. ``NVIDIA H100 80GB HBM3``); else a100-40gb-pcie4.
+
+    The note (None when nothing needs saying) names the device and the choice made.
+    """
     if explicit:
-        return explicit
+        return explicit, None
     if plan is not None and plan.hardware:
-        return plan.hardware
-    timing = str((profile.source or {}).get("timing", "")) if profile is not None else ""
+        return plan.hardware, None
+    source = (profile.source or {}) if profile is not None else {}
+    timing = str(source.get("timing", ""))
     if timing.startswith("roofline:"):
-        return timing.split(":", 1)[1]
-    return DEFAULT_HARDWARE
+        return timing.split(":", 1)[1], None
+    device = source.get("device")
+    if isinstance(device, str) and device.strip():
+        match = preset_for_device(device)
+        if match is not None:
+            return match, (f"hardware {match}: the preset matching the profile's GPU ({device}); "
+                           "--hardware chooses another")
+        return DEFAULT_HARDWARE, (f"the profile's GPU ({device}) matches no preset; simulated on "
+                                  f"{DEFAULT_HARDWARE}; --hardware chooses another")
+    return DEFAULT_HARDWARE, None
+
+
+def preset_for_device(device: str) -> str | None:
+    """The one preset whose GPU family (A100, H100, V100, 4090, ...) is named in ``device``
+    and, when ``device`` names a memory size (``80GB``), has that much memory; else None."""
+    from .hardware import load_presets
+
+    tokens = set(re.findall(r"[A-Z0-9]+", device.upper()))
+    sizes = {t for t in tokens if re.fullmatch(r"\d+GB", t)}
+    found = []
+    for preset in load_presets():
+        family = [t for t in re.findall(r"[A-Z0-9]+", preset.gpu.model.upper()) if re.fullmatch(r"[A-Z]?\d{3,4}", t)]
+        if not family or family[0] not in tokens:
+            continue
+        if sizes and f"{preset.gpu.memory_bytes // 2**30}GB" not in sizes:
+            continue
+        found.append(preset.name)
+    return found[0] if len(found) == 1 else None
 
 
 def profile_summary(profile: Profile, largest: int = 10) -> dict:
@@ -79,7 +118,7 @@ def profile_summary(profile: Profile, largest: int = 10) -> dict:
     for op in profile.ops:
         time_by_phase[op.phase] += op.time_us
     peak_op = profile.ops[profile.op_index[profile.peak_op]] if profile.peak_op else None
-    top = sorted(profile.tensors, key=lambda t: (-t.bytes, t.id))[:largest]
+    top = heapq.nsmallest(largest, profile.tensors, key=lambda t: (-t.bytes, t.id))
     return {
         "name": profile.name,
         "file": profile.origin,

@@ -5,6 +5,26 @@ turns ``InputError`` into one line ``error: <file>: <where>: <problem>`` and exi
 """
 from __future__ import annotations
 
+import re
+
+# A value echoed into a message (an id, a number, a path) is cut to its start and end
+# past this many characters, and a whole line past LINE_LIMIT: errors stay one short line.
+TOKEN_LIMIT = 100
+LINE_LIMIT = 1000
+_LONG_TOKEN = re.compile(r"\S{%d,}" % (TOKEN_LIMIT + 1))
+
+
+def shorten(text: str) -> str:
+    """``text`` with every run of more than 100 non-space characters cut to its first 60
+    and last 20 characters (``...`` between, with the length), and the whole cut at 1,000.
+
+    ``unknown tensor 'xxxx...(1000002 characters)...xxxx'`` for a 1 MB id.
+    """
+    text = _LONG_TOKEN.sub(lambda m: f"{m[0][:60]}...({len(m[0])} characters)...{m[0][-20:]}", text)
+    if len(text) > LINE_LIMIT:
+        text = text[: LINE_LIMIT - 30] + f"...({len(text)} characters)"
+    return text
+
 
 class SwapplanError(Exception):
     """Base class of every error swapplan raises deliberately."""
@@ -30,9 +50,9 @@ class InputError(SwapplanError):
         super().__init__(self.line())
 
     def line(self) -> str:
-        """The one-line form: ``<file>: <where>: <problem>``."""
+        """The one-line form: ``<file>: <where>: <problem>``, long values shortened."""
         parts = [p for p in (self.file, self.where) if p]
-        return ": ".join(parts + [self.problem])
+        return shorten(": ".join(parts + [self.problem]))
 
 
 class InfeasibleError(SwapplanError):

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any
 
 from .errors import InputError
 
 _MISSING = object()
+_FLOAT_MAX = sys.float_info.max
 
 
 class Reader:
@@ -60,6 +62,8 @@ class Reader:
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.error(key, f"expected a number, got {_show(value)}")
+        if isinstance(value, int) and not -_FLOAT_MAX <= value <= _FLOAT_MAX:  # no float holds it
+            raise self.error(key, f"expected a finite number, got one of {value.bit_length()} bits")
         if not math.isfinite(value):
             raise self.error(key, f"expected a finite number, got {value}")
         if positive and value <= 0:

@@ -1,14 +1,23 @@
 """Reading and writing the files swapplan uses: JSON, gzipped JSON, YAML.
 
-Reads turn every failure into an InputError naming the file; writes are atomic
-(a temporary file renamed into place), so nothing is ever left half-written.
+Reads turn every failure into an InputError naming the file. They take regular files
+only (a FIFO, ``/dev/stdin`` or a device would block or never end), at most
+``max_input_bytes()`` bytes before and after gunzip, YAML without alias bombs, and text
+without lone UTF-16 surrogates. Writes are atomic (a temporary file in the same folder
+renamed into place) and go only to a new path or over a regular file: never through a
+symbolic link, over a device, a FIFO or a folder.
 """
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
+import re
+import stat
 import tempfile
+import zlib
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,44 +25,156 @@ import yaml
 
 from .errors import InputError
 
+# The largest file read, before and after gunzip, unless SWAPPLAN_MAX_INPUT_BYTES says
+# otherwise (a size such as 2GiB). 512 MiB holds a profile of about a million ops.
+DEFAULT_MAX_INPUT_BYTES = 512 * 2**20
+MAX_INPUT_ENV = "SWAPPLAN_MAX_INPUT_BYTES"
+# YAML takes some 60 times its size in memory to read (and ~25 s for 16 MiB): it is for
+# hand-written files, read up to this share of the input size limit (16 MiB by default).
+YAML_SHARE = 32
+# YAML aliases may add at most this many nodes to the document (each alias counted as
+# a copy of what it names): enough for hand-written anchors, not for an alias bomb.
+MAX_YAML_ALIAS_NODES = 100_000
+_CHUNK = 1 << 20
+# A \uD800-\uDFFF escape (JSON, YAML) or \U0000D800 (YAML): the parsed text may then
+# hold a lone surrogate, which is not Unicode and cannot be printed or saved.
+_SURROGATE_ESCAPE = re.compile(r"\\(?:u|U0000)[dD][89a-fA-F]")
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: ~10x faster
 
-def read_document(path: str | os.PathLike, formats: tuple[str, ...] = ("json", "yaml")) -> Any:
-    """Read a JSON, gzipped JSON or YAML file (chosen by its name) into Python data.
 
-    Raises InputError naming the file for a missing file, bad gzip, bad encoding
-    or a syntax error (with its line where the parser gives one).
+def max_input_bytes() -> int:
+    """The size limit of a file read: ``$SWAPPLAN_MAX_INPUT_BYTES`` (a size such as
+    ``2GiB``), else 512 MiB. InputError when the variable is not a size."""
+    text = os.environ.get(MAX_INPUT_ENV)
+    if text is None or not text.strip():
+        return DEFAULT_MAX_INPUT_BYTES
+    from .units import parse_size
+    return parse_size(text, MAX_INPUT_ENV, "<environment>")
+
+
+def _kind_of(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "not a regular file"
+
+
+def _too_large(name: str, limit: int, when: str, yaml_file: bool = False) -> InputError:
+    from .units import format_bytes
+    if yaml_file:
+        return InputError(name, "", f"is more than {format_bytes(limit)}{when}, the size limit of a YAML file "
+                                    f"(YAML is for hand-written files: it takes some 60 times its size in "
+                                    f"memory to read); save large profiles as .json or .json.gz, or raise "
+                                    f"{MAX_INPUT_ENV} (YAML may be 1/{YAML_SHARE} of it)")
+    return InputError(name, "", f"is more than {format_bytes(limit)}{when}, the input size limit "
+                                f"({limit} bytes); raise it with {MAX_INPUT_ENV}, e.g. {MAX_INPUT_ENV}=4GiB")
+
+
+def read_bytes(path: str | os.PathLike, yaml_file: bool = False) -> bytes:
+    """The bytes of a regular file (gunzipped if its name ends in ``.gz``), at most
+    ``max_input_bytes()`` of them before and after gunzip (a 32nd of that for YAML).
+
+    Raises InputError naming the file for a missing file, a folder, a FIFO, a device,
+    bad gzip, or a file over the limit. Never blocks on a FIFO or reads a device forever.
     """
-    path = Path(path)
     name = str(path)
-    lower = path.name.lower()
+    limit = max_input_bytes() // (YAML_SHARE if yaml_file else 1)
     try:
-        if lower.endswith(".gz"):
-            with gzip.open(path, "rb") as handle:
-                raw = handle.read()
-            lower = lower[:-3]
-        else:
-            raw = path.read_bytes()
+        # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+                     | getattr(os, "O_NOCTTY", 0))
     except FileNotFoundError:
         raise InputError(name, "", "no such file") from None
     except IsADirectoryError:
         raise InputError(name, "", "is a directory, expected a file") from None
-    except (OSError, EOFError) as exc:  # includes gzip.BadGzipFile
-        raise InputError(name, "", f"cannot read: {exc}") from None
+    except OSError as exc:
+        raise InputError(name, "", f"cannot read: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise InputError(name, "", "is a directory, expected a file")
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(name, "", f"is {_kind_of(info.st_mode)}, expected a regular file")
+        if info.st_size > limit:
+            raise _too_large(name, limit, "", yaml_file)
+        with os.fdopen(fd, "rb", closefd=True) as handle:
+            fd = -1
+            if name.lower().endswith(".gz"):
+                return _read_capped(gzip.GzipFile(fileobj=handle, mode="rb"), name, limit, " once gunzipped",
+                                    yaml_file)
+            return _read_capped(handle, name, limit, "", yaml_file)
+    except InputError:
+        raise
+    except (OSError, EOFError, zlib.error) as exc:  # includes gzip.BadGzipFile
+        raise InputError(name, "", f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _read_capped(handle, name: str, limit: int, when: str, yaml_file: bool) -> bytes:
+    """Read to the end, failing as soon as more than ``limit`` bytes have come."""
+    data = bytearray()
+    while True:
+        chunk = handle.read(min(_CHUNK, limit + 1 - len(data)) or 1)
+        if not chunk:
+            return bytes(data)
+        data += chunk
+        if len(data) > limit:
+            raise _too_large(name, limit, when, yaml_file)
+
+
+def read_document(path: str | os.PathLike, formats: tuple[str, ...] = ("json", "yaml")) -> Any:
+    """Read a JSON, gzipped JSON or YAML file (chosen by its name) into Python data.
+
+    Raises InputError naming the file for a missing or non-regular file, a file over
+    the size limit, bad gzip, bad encoding, a syntax error (with its line where the
+    parser gives one), a YAML alias bomb and a lone surrogate in a string.
+    """
+    name = str(path)
+    lower = Path(path).name.lower()
+    if lower.endswith(".gz"):
+        lower = lower[:-3]
+    is_yaml = lower.endswith((".yaml", ".yml")) and "yaml" in formats
+    raw = read_bytes(path, yaml_file=is_yaml)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(name, f"byte {exc.start}", "not valid UTF-8 text") from None
-    is_yaml = lower.endswith((".yaml", ".yml"))
-    if is_yaml and "yaml" in formats:
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}" if mark is not None else "yaml"
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise InputError(name, where, f"invalid YAML: {problem}") from None
-        except (ValueError, OverflowError, RecursionError) as exc:
-            raise InputError(name, "yaml", f"invalid YAML: {exc}") from None
+    del raw  # a large file: do not hold its bytes and its text at once
+    with no_gc():
+        if is_yaml:
+            data = _load_yaml(text, name)
+        else:
+            data = _load_json(text, name)
+        if _SURROGATE_ESCAPE.search(text):
+            _reject_surrogates(data, name)
+    return data
+
+
+@contextmanager
+def no_gc():
+    """Pause the cyclic garbage collector: building millions of small objects (a parsed
+    profile) otherwise runs it over and over for nothing (they hold no cycles)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _load_json(text: str, name: str) -> Any:
     try:
         return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
@@ -62,17 +183,143 @@ def read_document(path: str | os.PathLike, formats: tuple[str, ...] = ("json", "
         raise InputError(name, "json", f"invalid JSON: {exc}") from None
 
 
+def _load_yaml(text: str, name: str) -> Any:
+    """Safe YAML; aliases may add at most MAX_YAML_ALIAS_NODES nodes and not refer to
+    themselves."""
+    loader = _YAML_LOADER(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if "&" in text:  # no anchor, no alias: skip the walk
+            _check_aliases(node, name)
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "yaml"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(name, where, f"invalid YAML: {problem}") from None
+    except (ValueError, OverflowError, RecursionError, TypeError) as exc:
+        raise InputError(name, "yaml", f"invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+def _children(node) -> list:
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _check_aliases(root, name: str) -> None:
+    """The composed YAML graph shares a node per alias; count the nodes it would have
+    with every alias written out (one pass, memoised) and refuse past the limit, or a
+    node that contains itself."""
+    size: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, closing = stack.pop()
+        key = id(node)
+        if closing:
+            size[key] = 1 + sum(size[id(child)] for child in _children(node))
+            open_nodes.discard(key)
+            continue
+        if key in size:
+            continue
+        if key in open_nodes:
+            line = node.start_mark.line + 1 if node.start_mark is not None else "?"
+            raise InputError(name, f"line {line}", "invalid YAML: an alias refers to a node that "
+                                                   "contains it (a recursive alias)")
+        open_nodes.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in size)
+    extra = size[id(root)] - len(size)
+    if extra > MAX_YAML_ALIAS_NODES:
+        raise InputError(name, "yaml", f"YAML aliases expand the document by {extra} nodes, more than "
+                                       f"{MAX_YAML_ALIAS_NODES} (an alias bomb?); write the values out")
+
+
+def _reject_surrogates(data: Any, name: str) -> None:
+    """InputError naming the first string (or key) that holds a lone UTF-16 surrogate."""
+    stack = [(data, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, name, where or "top level")
+        elif isinstance(value, dict):  # children pushed last-first: reported in document order
+            for key, item in reversed(value.items()):
+                if isinstance(key, str):
+                    _check_text(key, name, where or "top level")
+                stack.append((item, f"{where}.{key}" if where else str(key)))
+        elif isinstance(value, list):
+            stack.extend((value[k], f"{where}[{k}]") for k in range(len(value) - 1, -1, -1))
+
+
+def _check_text(text: str, name: str, where: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        raise InputError(name, where.encode("ascii", "backslashreplace").decode("ascii"),
+                         f"string holds a lone UTF-16 surrogate (\\u{ord(bad):04x} at character "
+                         f"{exc.start}), which is not valid Unicode") from None
+
+
 def _reject_constant(token: str) -> Any:
     raise ValueError(f"{token} is not allowed")
 
 
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder.
+# ----------------------------------------------------------------------------- writing
 
-    Raises InputError naming the file when the folder is missing or not writable.
+
+def check_output(path: str | os.PathLike) -> Path:
+    """Check that ``path`` may be written: its folder exists and it is absent or a
+    regular file (not a symbolic link, a folder, a device, a FIFO or a socket).
+
+    Returns the path; raises InputError naming it otherwise. Call it before long work
+    so that a bad output path fails at once.
     """
     path = Path(path)
+    name = str(path)
+    if not name or name.endswith(os.sep):
+        raise InputError(name or "<argument>", "", "expected a file name, got a folder")
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        folder = path.parent if str(path.parent) else Path(".")
+        if not folder.is_dir():
+            raise InputError(name, "", f"folder {str(folder)!r} does not exist") from None
+        return path
+    except OSError as exc:
+        raise InputError(name, "", f"cannot write: {exc.strerror or exc}") from None
+    if stat.S_ISREG(info.st_mode):
+        return path
+    if stat.S_ISLNK(info.st_mode):
+        target = os.readlink(path)
+        raise InputError(name, "", f"is a symbolic link (to {target!r}); swapplan writes only new "
+                                   "files or over regular files: give the target's path or a new name")
+    raise InputError(name, "", f"is {_kind_of(info.st_mode)}; swapplan writes only new files or over "
+                               "regular files")
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder, renamed
+    over it: readers never see half a file, and nothing but ``path`` is left behind.
+
+    Only a new path or a regular file is written (``check_output``); a file replaced
+    keeps its permissions. Raises InputError naming the file when it cannot be written.
+    """
+    path = check_output(path)
     folder = path.parent if str(path.parent) else Path(".")
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = 0o666 & ~_umask()  # mkstemp makes 0600; give the usual mode
     try:
         handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     except FileNotFoundError:
@@ -82,7 +329,7 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     try:
         with os.fdopen(handle, "wb") as out:
             out.write(data)
-        os.chmod(temp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
+        os.chmod(temp, mode)
         os.replace(temp, path)
     except BaseException as exc:
         try:

@@ -13,7 +13,7 @@ from pathlib import Path
 from .errors import InputError
 from .fields import Reader
 from .files import read_document
-from .units import MAX_BYTES, MAX_GBPS, MAX_US, parse_size
+from .units import MAX_BYTES, MAX_GBPS, MAX_US, gbps_to_bytes_per_s, parse_size
 
 DUPLEX_MODES = ("full", "half")
 SSD_PATHS = ("host", "direct")
@@ -130,10 +130,12 @@ def hardware_from_dict(data, file: str = "<hardware>") -> Hardware:
 
 def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:
     """R23: memories and capacities below 2^53 bytes, latencies below 10^9 us,
-    bandwidths above 0 and at most 10^6 GB/s. InputError naming the field otherwise."""
+    bandwidths above 0 (at least 1 byte/s once rounded to bytes per second, R3) and at
+    most 10^6 GB/s. InputError naming the field otherwise."""
     sizes = [("gpu.memory", hardware.gpu.memory_bytes), ("host.memory", hardware.host.memory_bytes)]
     latencies = [("pcie.latency_us", hardware.pcie.latency_us)]
-    rates = [("pcie.h2d_gbps", hardware.pcie.h2d_gbps), ("pcie.d2h_gbps", hardware.pcie.d2h_gbps)]
+    rates = [("pcie.h2d_gbps", hardware.pcie.h2d_gbps), ("pcie.d2h_gbps", hardware.pcie.d2h_gbps),
+             ("gpu.hbm_gbps", hardware.gpu.hbm_gbps)]
     if hardware.ssd is not None:
         sizes.append(("ssd.capacity", hardware.ssd.capacity_bytes))
         latencies.append(("ssd.latency_us", hardware.ssd.latency_us))
@@ -145,8 +147,9 @@ def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:
         if not 0 <= value < MAX_US:
             raise InputError(file, where, f"must be from 0 to below 10^9 us, got {value} (R23)")
     for where, value in rates:
-        if not 0 < value <= MAX_GBPS:
-            raise InputError(file, where, f"must be > 0 and at most 10^6 GB/s, got {value} (R23)")
+        if not (0 < value <= MAX_GBPS and gbps_to_bytes_per_s(value) >= 1):
+            raise InputError(file, where, f"must be > 0 and at most 10^6 GB/s (and at least "
+                                          f"1 byte/s), got {value} (R23)")
 
 
 def preset_dir() -> Path:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from functools import cached_property
+import sys
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Iterable
 
@@ -19,7 +22,7 @@ import yaml
 
 from .errors import InputError
 from .fields import Reader
-from .files import gzip_bytes, read_document, write_atomic
+from .files import YAML_SHARE, gzip_bytes, max_input_bytes, no_gc, read_document, write_atomic
 from .units import MAX_BYTES, MAX_COUNT, MAX_US, us_to_ps
 
 FORMAT = "swapplan-profile/1"
@@ -120,7 +123,13 @@ class Profile:
     def __post_init__(self) -> None:
         self.tensors = tuple(self.tensors)
         self.ops = tuple(self.ops)
-        _derive(self)
+        with no_gc():
+            _derive(self)
+
+    @cached_property
+    def sha256(self) -> str:
+        """Hex sha256 of the canonical JSON (``profile_sha256``), computed on first use."""
+        return hashlib.sha256(canonical_json(self).encode("utf-8")).hexdigest()
 
     def lifetime(self, tensor_id: str) -> tuple[int, int]:
         """First and last op position at which the tensor is resident without swapping.
@@ -145,87 +154,138 @@ class Profile:
 
 
 def _derive(profile: Profile) -> None:
-    """Check references and order, then fill the derived fields of ``profile``."""
+    """Check references and order, then fill the derived fields of ``profile``.
+
+    One pass over the ops, tensors addressed by position (lists, not dicts, until the
+    end: a million-op profile spends its time in hashing otherwise); the first op that
+    fails a check is checked again by ``_op_problem``, which names the field and the
+    problem.
+    """
     file = profile.origin
     _check_limits(profile)
-    tensor_by_id: dict[str, Tensor] = {}
-    for i, tensor in enumerate(profile.tensors):
-        if tensor.id in tensor_by_id:
-            raise InputError(file, f"tensors[{i}].id", f"duplicate tensor id {tensor.id!r}")
-        tensor_by_id[tensor.id] = tensor
+    tensors, ops = profile.tensors, profile.ops
+    ids = [t.id for t in tensors]
+    index = dict(zip(ids, range(len(ids))))
+    if len(index) != len(ids):
+        seen: set[str] = set()
+        for i, tid in enumerate(ids):
+            if tid in seen:
+                raise InputError(file, f"tensors[{i}].id", f"duplicate tensor id {tid!r}")
+            seen.add(tid)
+    n = len(ids)
+    ready = [t.kind in PERSISTENT_KINDS for t in tensors]  # resident: persistent or produced so far
+    made: list[int | None] = [None] * n                     # producer position
+    read: list[list[int] | None] = [None] * n               # ops listing it in inputs, in order
+    written: dict[int, list[int]] = {}                      # ops listing it in updates, in order
+    locate = index.get
 
     op_index: dict[str, int] = {}
-    producer: dict[str, int | None] = {t.id: None for t in profile.tensors}
-    consumers: dict[str, list[int]] = {t.id: [] for t in profile.tensors}
-    updaters: dict[str, list[int]] = {t.id: [] for t in profile.tensors}
-    produced_later = _producers_by_id(profile)
-
-    for i, op in enumerate(profile.ops):
-        where = f"ops[{i}] ({op.id})"
+    for i, op in enumerate(ops):
         if op.id in op_index:
             raise InputError(file, f"ops[{i}].id", f"duplicate op id {op.id!r}")
         op_index[op.id] = i
-        for key, ids in (("inputs", op.inputs), ("updates", op.updates), ("outputs", op.outputs)):
-            for j, tid in enumerate(ids):
-                if tid not in tensor_by_id:
-                    raise InputError(file, f"{where}.{key}[{j}]", f"unknown tensor {tid!r}")
-        both = set(op.outputs) & set(op.updates)
-        if both:
-            tid = sorted(both)[0]
-            raise InputError(file, f"{where}.updates",
-                             f"tensor {tid!r} is in both outputs and updates of one op")
-        for key, ids in (("inputs", op.inputs), ("updates", op.updates)):
-            for j, tid in enumerate(ids):
-                tensor = tensor_by_id[tid]
-                if tensor.persistent or producer[tid] is not None:
-                    continue
-                later = produced_later.get(tid)
-                if later is not None and later != op.id:
-                    problem = (f"uses tensor {tid!r} before op {later!r} produces it "
-                               "(ops must be in topological order)")
-                elif later == op.id:
-                    problem = f"uses tensor {tid!r} that it produces itself (a cycle)"
-                else:
-                    problem = f"uses tensor {tid!r}, which no op produces"
-                raise InputError(file, f"{where}.{key}[{j}]", problem)
+        ok = True
         for tid in op.inputs:
-            consumers[tid].append(i)
-        for tid in op.updates:
-            updaters[tid].append(i)
-        for j, tid in enumerate(op.outputs):
-            tensor = tensor_by_id[tid]
-            if tensor.persistent:
-                raise InputError(file, f"{where}.outputs[{j}]",
-                                 f"tensor {tid!r} is persistent ({tensor.kind}) and cannot be an "
-                                 "op output; an op that writes it lists it in updates")
-            if producer[tid] is not None:
-                first = profile.ops[producer[tid]].id
-                raise InputError(file, f"{where}.outputs[{j}]",
-                                 f"tensor {tid!r} is produced twice (already by op {first!r})")
-            producer[tid] = i
+            k = locate(tid)
+            if k is None or not ready[k]:
+                ok = False
+                break
+            users = read[k]
+            if users is None:
+                read[k] = [i]
+            else:
+                users.append(i)
+        if ok and op.updates:
+            for tid in op.updates:
+                k = locate(tid)
+                if k is None or not ready[k]:
+                    ok = False
+                    break
+                written.setdefault(k, []).append(i)
+            if ok and op.outputs and not set(op.updates).isdisjoint(op.outputs):
+                ok = False
+        if ok:
+            for tid in op.outputs:
+                k = locate(tid)
+                if k is None or ready[k]:
+                    ok = False
+                    break
+                ready[k] = True
+                made[k] = i
+        if not ok:
+            before = {ids[k]: at for k, at in enumerate(made) if at is not None and at != i}
+            raise _op_problem(profile, i, dict(zip(ids, tensors)), before)
 
-    for i, tensor in enumerate(profile.tensors):
-        if not tensor.persistent and producer[tensor.id] is None:
-            raise InputError(file, f"tensors[{i}] ({tensor.id})",
-                             f"non-persistent tensor ({tensor.kind}) is never produced by any op")
+    if not all(ready):
+        k = ready.index(False)
+        raise InputError(file, f"tensors[{k}] ({ids[k]})",
+                         f"non-persistent tensor ({tensors[k].kind}) is never produced by any op")
 
-    first_use: dict[str, int | None] = {}
-    last_use: dict[str, int | None] = {}
-    for tid in tensor_by_id:
-        uses = consumers[tid] + updaters[tid]
-        first_use[tid] = min(uses) if uses else None
-        last_use[tid] = max(uses) if uses else None
+    first: list[int | None] = [None if users is None else users[0] for users in read]
+    last: list[int | None] = [None if users is None else users[-1] for users in read]
+    for k, users in written.items():
+        first[k] = users[0] if first[k] is None else min(first[k], users[0])
+        last[k] = users[-1] if last[k] is None else max(last[k], users[-1])
 
-    profile.tensor_by_id = tensor_by_id
+    updaters: list[tuple[int, ...]] = [()] * n
+    for k, users in written.items():
+        updaters[k] = tuple(users)
+    profile.tensor_by_id = dict(zip(ids, tensors))
     profile.op_index = op_index
-    profile.producer = producer
-    profile.consumers = {t: tuple(v) for t, v in consumers.items()}
-    profile.updaters = {t: tuple(v) for t, v in updaters.items()}
-    profile.first_use = first_use
-    profile.last_use = last_use
-    profile.ideal_ps = sum(us_to_ps(op.time_us) for op in profile.ops)  # R3: the rounded op times
+    profile.producer = dict(zip(ids, made))
+    profile.consumers = dict(zip(ids, [() if users is None else tuple(users) for users in read]))
+    profile.updaters = dict(zip(ids, updaters))
+    profile.first_use = dict(zip(ids, first))
+    profile.last_use = dict(zip(ids, last))
+    profile.ideal_ps = sum(map(us_to_ps, [op.time_us for op in ops]))  # R3: the rounded op times
     profile.ideal_us = profile.ideal_ps / 10**6
-    _derive_peak(profile)
+    _derive_peak(profile, made, last)
+
+
+def _op_problem(profile: Profile, i: int, tensor_by_id: dict, made: dict) -> InputError:
+    """The first problem of op ``i``, ``made`` holding what the ops before it produce:
+    an unknown tensor (inputs, updates, outputs in turn), a tensor in both outputs and
+    updates, a tensor read before it is produced, a persistent or twice-produced output."""
+    file = profile.origin
+    op = profile.ops[i]
+    where = f"ops[{i}] ({op.id})"
+    for key, ids in (("inputs", op.inputs), ("updates", op.updates), ("outputs", op.outputs)):
+        for j, tid in enumerate(ids):
+            if tid not in tensor_by_id:
+                return InputError(file, f"{where}.{key}[{j}]", f"unknown tensor {tid!r}")
+    both = set(op.outputs) & set(op.updates)
+    if both:
+        tid = sorted(both)[0]
+        return InputError(file, f"{where}.updates", f"tensor {tid!r} is in both outputs and updates of one op")
+    produced_later = None
+    for key, ids in (("inputs", op.inputs), ("updates", op.updates)):
+        for j, tid in enumerate(ids):
+            if tensor_by_id[tid].persistent or tid in made:
+                continue
+            if produced_later is None:
+                produced_later = _producers_by_id(profile)
+            later = produced_later.get(tid)
+            if later is not None and later != op.id:
+                problem = (f"uses tensor {tid!r} before op {later!r} produces it "
+                           "(ops must be in topological order)")
+            elif later == op.id:
+                problem = f"uses tensor {tid!r} that it produces itself (a cycle)"
+            else:
+                problem = f"uses tensor {tid!r}, which no op produces"
+            return InputError(file, f"{where}.{key}[{j}]", problem)
+    here: dict[str, int] = {}
+    for j, tid in enumerate(op.outputs):
+        tensor = tensor_by_id[tid]
+        if tensor.persistent:
+            return InputError(file, f"{where}.outputs[{j}]",
+                              f"tensor {tid!r} is persistent ({tensor.kind}) and cannot be an "
+                              "op output; an op that writes it lists it in updates")
+        first = made.get(tid, here.get(tid))
+        if first is not None:
+            return InputError(file, f"{where}.outputs[{j}]",
+                              f"tensor {tid!r} is produced twice (already by op {profile.ops[first].id!r})")
+        here[tid] = i
+    return InputError(file, where, "inconsistent op")  # not reached: the caller saw a problem
 
 
 def _check_limits(profile: Profile) -> None:
@@ -236,17 +296,18 @@ def _check_limits(profile: Profile) -> None:
         if len(items) > MAX_COUNT:
             raise InputError(file, key, f"{len(items)} entries; at most {MAX_COUNT} are supported (R23)")
     for i, tensor in enumerate(profile.tensors):
-        if isinstance(tensor.bytes, bool) or not isinstance(tensor.bytes, int) or not 0 <= tensor.bytes < MAX_BYTES:
+        size = tensor.bytes
+        if (type(size) is not int and (isinstance(size, bool) or not isinstance(size, int))) \
+                or not 0 <= size < MAX_BYTES:
             raise InputError(file, f"tensors[{i}] ({tensor.id}).bytes",
-                             f"must be a whole number from 0 to 2^53 - 1, got {tensor.bytes!r} (R23)")
+                             f"must be a whole number from 0 to 2^53 - 1, got {size!r} (R23)")
     for i, op in enumerate(profile.ops):
-        where = f"ops[{i}] ({op.id})"
-        if not (isinstance(op.time_us, (int, float)) and math.isfinite(op.time_us) and 0 <= op.time_us < MAX_US):
-            raise InputError(file, f"{where}.time_us",
-                             f"must be a number from 0 to below 10^9 us, got {op.time_us!r} (R23)")
-        ws = op.workspace_bytes
-        if isinstance(ws, bool) or not isinstance(ws, int) or not 0 <= ws < MAX_BYTES:
-            raise InputError(file, f"{where}.workspace_bytes",
+        time_us, ws = op.time_us, op.workspace_bytes
+        if not ((type(time_us) is float or isinstance(time_us, (int, float))) and 0 <= time_us < MAX_US):
+            raise InputError(file, f"ops[{i}] ({op.id}).time_us",
+                             f"must be a number from 0 to below 10^9 us, got {time_us!r} (R23)")
+        if (type(ws) is not int and (isinstance(ws, bool) or not isinstance(ws, int))) or not 0 <= ws < MAX_BYTES:
+            raise InputError(file, f"ops[{i}] ({op.id}).workspace_bytes",
                              f"must be a whole number from 0 to 2^53 - 1, got {ws!r} (R23)")
 
 
@@ -259,32 +320,32 @@ def _producers_by_id(profile: Profile) -> dict[str, str]:
     return found
 
 
-def _derive_peak(profile: Profile) -> None:
+def _derive_peak(profile: Profile, made: list, last: list) -> None:
     """The no-swap resident bytes at each op, and its maximum (with the op).
 
     During op i the GPU holds every persistent tensor, every non-persistent tensor
-    whose lifetime [producer, last use] contains i, and op i's workspace.
+    whose lifetime [producer, last use] contains i, and op i's workspace. ``made`` and
+    ``last`` are the producer and last use of each tensor, by position.
     """
-    n = len(profile.ops)
-    persistent = sum(t.bytes for t in profile.tensors if t.persistent)
+    ops = profile.ops
+    n = len(ops)
+    persistent = 0
     delta = [0] * (n + 1)
-    for tensor in profile.tensors:
-        if tensor.persistent:
+    for tensor, start, end in zip(profile.tensors, made, last):
+        if start is None:  # persistent
+            persistent += tensor.bytes
             continue
-        start, end = profile.lifetime(tensor.id)
+        if end is None or end < start:
+            end = start
         delta[start] += tensor.bytes
         delta[end + 1] -= tensor.bytes
-    resident = []
-    live = 0
-    for i, op in enumerate(profile.ops):
-        live += delta[i]
-        resident.append(persistent + live + op.workspace_bytes)
+    resident = [persistent + live + op.workspace_bytes for live, op in zip(accumulate(delta), ops)]
     profile.persistent_bytes = persistent
     profile.resident_bytes = tuple(resident)
     if resident:
         peak_at = max(range(n), key=resident.__getitem__)
         profile.peak_bytes = resident[peak_at]
-        profile.peak_op = profile.ops[peak_at].id
+        profile.peak_op = ops[peak_at].id
     else:
         profile.peak_bytes = persistent
         profile.peak_op = None
@@ -403,9 +464,15 @@ def profile_from_dict(data, file: str = "<profile>") -> Profile:
     Raises InputError naming ``file``, the field and the problem for: a wrong format
     tag, missing or unknown fields, wrong types, negative or non-finite sizes and
     times, bad kinds or phases, duplicate ids, unknown tensor ids, a tensor produced
-    twice or used before it is produced, a persistent tensor as an output, and a
-    tensor in both outputs and updates of one op.
+    twice or used before it is produced, a persistent tensor as an output, a tensor in
+    both outputs and updates of one op, and more than 10^7 tensors or ops (R23).
     """
+    return _profile_from_document(data, file, consume=False)
+
+
+def _profile_from_document(data, file: str, consume: bool) -> Profile:
+    """``profile_from_dict``; with ``consume`` the entries of ``data``'s lists are
+    released as they are read (a large file's parsed form need not outlive its objects)."""
     top = Reader(data, file)
     fmt = top.get("format")
     if fmt != FORMAT:
@@ -420,13 +487,90 @@ def profile_from_dict(data, file: str = "<profile>") -> Profile:
     raw_tensors = top.get("tensors")
     if not isinstance(raw_tensors, list):
         raise top.error("tensors", "expected a list")
-    tensors = [_tensor_from_dict(item, file, i) for i, item in enumerate(raw_tensors)]
-
     raw_ops = top.get("ops")
     if not isinstance(raw_ops, list):
         raise top.error("ops", "expected a list")
-    ops = [_op_from_dict(item, file, i) for i, item in enumerate(raw_ops)]
-    return Profile(name=name, tensors=tuple(tensors), ops=tuple(ops), source=source, origin=file)
+    for key, items in (("tensors", raw_tensors), ("ops", raw_ops)):  # R23, before any work
+        if len(items) > MAX_COUNT:
+            raise InputError(file, key, f"{len(items)} entries; at most {MAX_COUNT} are supported (R23)")
+    with no_gc():
+        tensors = _tensors_from_list(raw_tensors, file, consume)
+        ops = _ops_from_list(raw_ops, file, consume)
+        return Profile(name=name, tensors=tuple(tensors), ops=tuple(ops), source=source, origin=file)
+
+
+_FLOAT_MAX = sys.float_info.max
+_KIND_SET = frozenset(TENSOR_KINDS)
+_PHASE_SET = frozenset(PHASES)
+_TENSOR_KEYS = frozenset(_TENSOR_FIELDS)
+_OP_KEYS = frozenset(_OP_FIELDS)
+_NO_IDS: list = []
+
+
+def _tensors_from_list(raw: list, file: str, consume: bool) -> list[Tensor]:
+    """Tensors from their parsed entries. The common, well-formed entry is checked inline;
+    any other goes through ``_tensor_from_dict``, which names the problem (or accepts
+    the rarer valid forms, such as ``bytes: 8.0``)."""
+    out = []
+    append = out.append
+    for i, item in enumerate(raw):
+        tensor = None
+        if type(item) is dict and item.keys() <= _TENSOR_KEYS:
+            tid, size, kind = item.get("id"), item.get("bytes"), item.get("kind")
+            name, shape, dtype = item.get("name"), item.get("shape"), item.get("dtype")
+            if (type(tid) is str and tid and type(size) is int and size >= 0
+                    and type(kind) is str and kind in _KIND_SET
+                    and (name is None or (type(name) is str and name))
+                    and (dtype is None or (type(dtype) is str and dtype))):
+                if shape is None:
+                    tensor = Tensor(tid, size, kind, name, None, dtype)
+                elif type(shape) is list:
+                    for dim in shape:
+                        if type(dim) is not int or dim < 0:
+                            break
+                    else:
+                        tensor = Tensor(tid, size, kind, name, tuple(shape), dtype)
+        append(tensor if tensor is not None else _tensor_from_dict(item, file, i))
+        if consume:
+            raw[i] = None
+    return out
+
+
+def _ids_ok(ids) -> bool:
+    if type(ids) is not list:
+        return False
+    for tid in ids:
+        if type(tid) is not str or not tid:
+            return False
+    return True
+
+
+def _ops_from_list(raw: list, file: str, consume: bool) -> list[Op]:
+    """Ops from their parsed entries: the well-formed entry inline, any other through
+    ``_op_from_dict`` (see ``_tensors_from_list``)."""
+    out = []
+    append = out.append
+    inf = math.inf
+    for i, item in enumerate(raw):
+        op = None
+        if type(item) is dict and item.keys() <= _OP_KEYS:
+            oid, name, phase, time_us = item.get("id"), item.get("name"), item.get("phase"), item.get("time_us")
+            inputs, outputs = item.get("inputs", _NO_IDS), item.get("outputs", _NO_IDS)
+            updates, ws = item.get("updates", _NO_IDS), item.get("workspace_bytes", 0)
+            flops, module = item.get("flops"), item.get("module")
+            if (type(oid) is str and oid and type(name) is str and name and type(phase) is str and phase in _PHASE_SET
+                    and (type(time_us) is float or type(time_us) is int) and 0 <= time_us < MAX_US
+                    and type(ws) is int and ws >= 0
+                    and (flops is None or ((type(flops) is float or type(flops) is int) and 0 <= flops < inf
+                                           and (type(flops) is float or flops <= _FLOAT_MAX)))
+                    and (module is None or (type(module) is str and module))
+                    and _ids_ok(inputs) and _ids_ok(outputs) and (updates is _NO_IDS or _ids_ok(updates))):
+                op = Op(oid, name, phase, float(time_us), tuple(inputs), tuple(outputs), tuple(updates),
+                        ws, None if flops is None else float(flops), module)
+        append(op if op is not None else _op_from_dict(item, file, i))
+        if consume:
+            raw[i] = None
+    return out
 
 
 def _tensor_from_dict(item, file: str, i: int) -> Tensor:
@@ -492,7 +636,7 @@ def load_profile(path: str | Path) -> Profile:
 
     Raises InputError naming the file, field and problem.
     """
-    return profile_from_dict(read_document(path), str(path))
+    return _profile_from_document(read_document(path), str(path), consume=True)
 
 
 def canonical_json(profile: Profile) -> str:
@@ -505,11 +649,7 @@ def profile_sha256(profile: Profile) -> str:
 
     Computed once per Profile object (profiles are not changed after construction).
     """
-    memo = profile.__dict__.get("_sha256")
-    if memo is None:
-        memo = hashlib.sha256(canonical_json(profile).encode("utf-8")).hexdigest()
-        profile.__dict__["_sha256"] = memo
-    return memo
+    return profile.sha256
 
 
 def profile_bytes(profile: Profile) -> bytes:
@@ -529,11 +669,16 @@ def profile_bytes(profile: Profile) -> bytes:
 def save_profile(profile: Profile, path: str | Path) -> None:
     """Save as JSON (``.json``), gzipped JSON (``.json.gz``, reproducible) or YAML (``.yaml``).
 
-    The write is atomic. Raises InputError if the file cannot be written.
+    The write is atomic. Raises InputError if the file cannot be written, or for YAML
+    larger than a YAML file may be read (``files.YAML_SHARE``).
     """
     lower = str(path).lower()
     if lower.endswith((".yaml", ".yml")):
         payload = yaml.safe_dump(profile.to_dict(), sort_keys=True).encode("utf-8")
+        limit = max_input_bytes() // YAML_SHARE
+        if len(payload) > limit:  # it could not be read back: YAML is for hand-written files
+            raise InputError(str(path), "", f"as YAML this profile is {len(payload)} bytes, more than a YAML "
+                                            f"file may be ({limit}); write .json or .json.gz")
     elif lower.endswith(".gz"):
         payload = gzip_bytes(profile_bytes(profile))
     else:

@@ -49,18 +49,19 @@ def parse_size(text, where: str = "size", file: str = "<argument>") -> int:
     """Parse a byte count such as ``123``, ``8GiB``, ``512MB`` or ``1.5TB``.
 
     Returns an int (a fraction of a byte rounds to the nearest byte, halves up). Raises
-    InputError on anything else, including negative values and unknown units.
+    InputError on anything else, including negative values, unknown units and sizes of
+    2^53 bytes or more (R23).
     """
     if isinstance(text, bool):
         raise InputError(file, where, f"expected a size, got {text!r}")
     if isinstance(text, int):
         if text < 0:
             raise InputError(file, where, f"size must not be negative, got {text}")
-        return text
+        return _below_limit(text, text, where, file)
     if isinstance(text, float):
         if not math.isfinite(text) or text < 0:
             raise InputError(file, where, f"size must be a finite number >= 0, got {text}")
-        return int(math.floor(text + 0.5))
+        return _below_limit(text, text, where, file)
     if not isinstance(text, str):
         raise InputError(file, where, f"expected a size such as 8GiB, got {text!r}")
     match = _SIZE.match(text)
@@ -70,14 +71,23 @@ def parse_size(text, where: str = "size", file: str = "<argument>") -> int:
     factor = _UNITS.get(unit.upper())
     if factor is None:
         raise InputError(file, where, f"unknown unit {unit!r} in {text!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    value = float(number) * (10 ** int(exponent) if exponent else 1) * factor
-    if not math.isfinite(value):
-        raise InputError(file, where, f"size {text!r} is too large")
-    return int(math.floor(value + 0.5))
+    # float() of the whole literal never raises: 1e400 is inf, 1e-400 is 0.0.
+    value = float(f"{number}e{exponent or 0}") * factor
+    return _below_limit(value, text, where, file)
+
+
+def _below_limit(value, shown, where: str, file: str) -> int:
+    """``value`` rounded to whole bytes, or InputError when it is 2^53 bytes or more (R23)."""
+    if not value < MAX_BYTES:  # also catches inf
+        raise InputError(file, where, f"size {shown!r} is too large: at most 2^53 - 1 bytes (R23)")
+    return value if isinstance(value, int) else int(math.floor(value + 0.5))
 
 
 def parse_budget(text, peak_bytes: int, where: str = "budget", file: str = "<argument>") -> int:
-    """Parse a budget: a size, or a percentage of the no-swap peak (``60%``)."""
+    """Parse a budget: a size, or a percentage of the no-swap peak (``60%``).
+
+    Either way below 2^53 bytes (R23); InputError otherwise.
+    """
     if isinstance(text, str) and text.strip().endswith("%"):
         number = text.strip()[:-1].strip()
         try:
@@ -86,7 +96,10 @@ def parse_budget(text, peak_bytes: int, where: str = "budget", file: str = "<arg
             raise InputError(file, where, f"cannot read {text!r} as a percentage") from None
         if not math.isfinite(percent) or percent <= 0:
             raise InputError(file, where, f"percentage must be > 0, got {text!r}")
-        return int(peak_bytes * percent / 100.0)
+        value = peak_bytes * percent / 100.0
+        if not value < MAX_BYTES:
+            raise InputError(file, where, f"{text!r} of the peak is too large: at most 2^53 - 1 bytes (R23)")
+        return int(value)
     return parse_size(text, where, file)
 
 

@@ -68,7 +68,7 @@ def cnn():
 
 
 def actions_of(profile, mode, budget=10**6, hardware=TEST_MACHINE):
-    return plan_vdnn(profile, hardware, budget, seed=0, mode=mode).actions
+    return plan_vdnn(profile, hardware, budget, mode=mode).actions
 
 
 def offloaded(actions):
@@ -176,7 +176,7 @@ def test_prefetch_search_stops_at_a_convolution_layer():
 
 def test_without_modules_each_op_is_a_layer(cnn):
     profile = layered_profile(CNN_TENSORS, CNN_OPS, "small-cnn-flat", modules=False)
-    draft = plan_vdnn(profile, TEST_MACHINE, 10**6, seed=0, mode="all")
+    draft = plan_vdnn(profile, TEST_MACHINE, 10**6, mode="all")
     assert draft.notes["layers"].startswith("one op per layer")
     assert sorted(offloaded(draft.actions)) == ["a2", "a3"]
     check_valid(profile, draft.actions)
@@ -219,7 +219,7 @@ def test_dyn_keeps_the_first_of_none_conv_all_that_fits():
     assert profile.peak_bytes == 541
     choices = {}
     for budget in (541, 441, 341):
-        draft = plan_vdnn(profile, FAST_MACHINE, budget, seed=0, mode="dyn")
+        draft = plan_vdnn(profile, FAST_MACHINE, budget, mode="dyn")
         choices[budget] = (draft.notes["dyn_choice"], sorted(offloaded(draft.actions)))
         result = check_valid(profile, draft.actions, budget, FAST_MACHINE)
         assert result.feasible and result.peak_bytes <= budget
@@ -228,7 +228,7 @@ def test_dyn_keeps_the_first_of_none_conv_all_that_fits():
 
 def test_dyn_returns_all_when_nothing_fits():
     profile = layered_profile(DYN_TENSORS, DYN_OPS, "dyn")
-    draft = plan_vdnn(profile, FAST_MACHINE, 340, seed=0, mode="dyn")
+    draft = plan_vdnn(profile, FAST_MACHINE, 340, mode="dyn")
     assert sorted(offloaded(draft.actions)) == ["c", "s"]
     assert draft.notes["dyn_choice"].startswith("all")
     assert not check_valid(profile, draft.actions, 340, FAST_MACHINE).feasible

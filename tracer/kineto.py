@@ -334,9 +334,9 @@ def _read_event(trace: _Trace, event: dict, i: int) -> None:
     thread = (_key(event.get("pid")), _key(event.get("tid")))
     if cat in _GPU_CATS:
         trace.gpu.append(_Gpu(i, _GPU_CATS[cat], dur, _int_or_none(args.get("device")),
-                              _int_or_none(args.get("correlation")), _external(args)))
+                              _correlation(args, file, where), _external(args)))
     elif cat in _RUNTIME_CATS:
-        correlation = _int_or_none(args.get("correlation"))
+        correlation = _correlation(args, file, where)
         if correlation is not None:
             trace.runtimes.setdefault(correlation, (thread, start))
     else:
@@ -1288,6 +1288,21 @@ def _is_int(value) -> bool:
 
 def _int_or_none(value):
     return value if _is_int(value) else None
+
+
+def _correlation(args: dict, file: str, where: str):
+    """A launch's or GPU event's correlation id: a whole number, or one written as a
+    string of digits or a float (some exporters do); any other value is an error rather
+    than an event silently left out of its op's time."""
+    value = args.get("correlation")
+    if value is None or _is_int(value):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        return int(value.strip())
+    raise InputError(file, f"{where}.args.correlation",
+                     f"expected a whole number (the id linking a GPU event to its launch), got {_show(value)}")
 
 
 def _int_or(value, default: int) -> int:

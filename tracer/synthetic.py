@@ -86,6 +86,7 @@ from dataclasses import dataclass
 from simulator.errors import InputError
 from simulator.hardware import Hardware, load_hardware
 from simulator.profile import Op, Profile, Tensor
+from simulator.units import MAX_COUNT
 from tracer.roofline import DTYPE_BYTES, kernel_time_us, peak_tflops
 
 MODELS = ("mlp", "cnn", "transformer")
@@ -95,6 +96,9 @@ DEFAULTS = {
     "cnn": {"layers": 8, "width": 64, "batch": 64, "seq": 112},
     "transformer": {"layers": 12, "width": 768, "batch": 8, "seq": 512},
 }
+# Tensors each block adds, at least (the cnn's first blocks add more): R23's limit on
+# the count is checked before a profile is built.
+_TENSORS_PER_LAYER = {"mlp": 12, "cnn": 41, "transformer": 71}
 CLASSES = 1000
 VOCAB = 50257
 HEAD_DIM = 64
@@ -558,6 +562,11 @@ def _check(model: str, layers, width, batch, seq, hardware, dtype: str) -> Hardw
             raise InputError("<argument>", key, f"expected a whole number, got {value!r}")
         if value < 1:
             raise InputError("<argument>", key, f"must be >= 1, got {value}")
+    at_least = layers * _TENSORS_PER_LAYER[model]
+    if at_least > MAX_COUNT:  # R23, refused before building anything
+        raise InputError("<argument>", "layers",
+                         f"{layers} layers make at least {at_least} tensors; at most {MAX_COUNT} are "
+                         f"supported (R23), so at most {MAX_COUNT // _TENSORS_PER_LAYER[model]} layers")
     if model == "transformer" and width % HEAD_DIM:
         raise InputError("<argument>", "width",
                          f"must be a multiple of {HEAD_DIM} (heads = width / {HEAD_DIM}), got {width}")
