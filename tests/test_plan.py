@@ -36,12 +36,19 @@ def test_round_trip(two_layer, tmp_path):
 
 def test_saved_text_is_deterministic(two_layer):
     assert plan_json(_full(two_layer)) == plan_json(_full(two_layer))
-    json.loads(plan_json(empty_plan(two_layer)))  # an empty action list is valid JSON too
+    for plan in (_full(two_layer), empty_plan(two_layer)):   # the empty action list's text too
+        assert json.loads(plan_json(plan)) == plan.to_dict()
 
 
 def test_every_saved_plan_validates_against_schema(two_layer):
-    plan_from_dict(json.loads(plan_json(_full(two_layer))))
-    plan_from_dict(json.loads(plan_json(empty_plan(two_layer))))
+    import jsonschema
+
+    from simulator.plan import schema_path
+    validator = jsonschema.Draft202012Validator(json.loads(schema_path().read_text(encoding="utf-8")))
+    for plan in (_full(two_layer), empty_plan(two_layer)):
+        data = json.loads(plan_json(plan))
+        assert [e.message for e in validator.iter_errors(data)] == []   # the whole document
+        assert plan_from_dict(data) == plan
 
 
 def _schema_error(data) -> str:

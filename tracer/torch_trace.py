@@ -431,6 +431,7 @@ class _T:
 
 @dataclass
 class _RawOp:
+    """An op while lowering: tensors as _T, time not yet computed (foreach slices: shared)."""
     name: str
     phase: str
     module: str
@@ -447,6 +448,7 @@ class _RawOp:
 
 @dataclass
 class _Lowering:
+    """The tensors (one per storage) and raw ops built so far."""
     hw: Hardware
     dtype: str
     tensors: list = field(default_factory=list)
@@ -551,141 +553,226 @@ def _op_name(target) -> str:
     return f"{target.namespace}::{packet.__name__}"
 
 
+@dataclass
+class _Walk:
+    """What the walk over the graph carries from one node to the next."""
+    phase: str = "other"                                  # from the last ``phase:`` marker
+    ignored: set = field(default_factory=set)             # storages of captured constants
+    seq_module: dict = field(default_factory=dict)        # forward seq_nr -> its module
+    last_backward_module: str = LOSS_MODULE               # module of the last op charged
+    kernel_count: int = 0                                 # optimizer foreach kernels so far
+    kernel_nodes: set = field(default_factory=set)        # graph nodes that became profile ops
+
+
+@dataclass
+class _OpValues:
+    """The fake tensor values one op reads, returns and writes in place."""
+    ins: list
+    outs: list
+    written: list
+
+
 def lower(cap: Capture, hw: Hardware, dtype: str, optimizer: str) -> tuple[list, list]:
     """Walk the graph in order and build the profile's tensors and ops."""
     import torch
     gm = cap.graph_module
-    step = cap.step
     low = _Lowering(hw, dtype)
+    _add_graph_inputs(low, gm, cap.step, optimizer)
+    record_enter = torch.ops.profiler._record_function_enter_new.default
+    walk = _Walk()
+    for node in gm.graph.nodes:
+        role = _node_role(node, record_enter)
+        if role == "constant":
+            _ignore_constant(gm, node, walk.ignored)
+        elif role == "marker":
+            walk.phase = _phase_after(node.args[0], walk.phase)
+        elif role == "op":
+            _lower_op(low, walk, node)
+    _accumulate_in_place(low)
+    return _finish(low, cap.step, optimizer)
+
+
+def _graph_input_roles(step: TrainStep, optimizer: str) -> list[tuple[str, str]]:
+    """(kind, name) of every graph input, in the order the step takes its arguments."""
+    return ([("weight", n) for n in step.param_names]
+            + [("weight", n) for n in step.buffer_names]
+            + [("optimizer_state", f"{p}.{s}") for s in state_names(optimizer)
+               for p in step.param_names]
+            + [("input", f"batch.{n}") for n in step.input_names])
+
+
+def _add_graph_inputs(low: _Lowering, gm, step: TrainStep, optimizer: str) -> None:
+    """Register the placeholders' storages first, so that ops find them by their role."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    roles = ([("weight", n) for n in step.param_names]
-             + [("weight", n) for n in step.buffer_names]
-             + [("optimizer_state", f"{p}.{s}") for s in state_names(optimizer)
-                for p in step.param_names]
-             + [("input", f"batch.{n}") for n in step.input_names])
+    roles = _graph_input_roles(step, optimizer)
     if len(roles) != len(placeholders):
         raise RuntimeError(f"expected {len(roles)} graph inputs, found {len(placeholders)}")
     for (kind, name), node in zip(roles, placeholders):
         val = node.meta["val"]
         low.new_tensor(val.untyped_storage(), val, kind, name)
 
-    record_enter = torch.ops.profiler._record_function_enter_new.default
-    ignored: set = set()
-    phase = "other"
-    seq_module: dict[int, str] = {}
-    last_backward_module = LOSS_MODULE
-    kernel_count = 0
-    kernel_nodes: set = set()  # graph nodes that became profile ops
 
-    for node in gm.graph.nodes:
-        if node.op == "get_attr":  # a constant captured by the trace: not swappable
-            val = getattr(gm, node.target, None)
-            if isinstance(val, torch.Tensor):
-                ignored.add(val.untyped_storage()._cdata)
+def _node_role(node, record_enter) -> str | None:
+    """Classify a node: "constant" (get_attr), "marker" (record_function), "op" (ATen), or None."""
+    import torch
+    if node.op == "get_attr":
+        return "constant"
+    if node.op != "call_function" or node.target is operator.getitem:
+        return None
+    if node.target is record_enter:
+        return "marker"
+    if not isinstance(node.target, torch._ops.OpOverload) or node.target.namespace == "profiler":
+        return None
+    return "op"
+
+
+def _ignore_constant(gm, node, ignored: set) -> None:
+    """Leave out a constant the trace captured (not swappable): remember its storage."""
+    import torch
+    val = getattr(gm, node.target, None)
+    if isinstance(val, torch.Tensor):
+        ignored.add(val.untyped_storage()._cdata)
+
+
+def _phase_after(label, phase: str) -> str:
+    """The phase after a ``record_function`` marker: its ``phase:`` label, else unchanged."""
+    if isinstance(label, str) and label.startswith("phase:"):
+        return label.split(":", 1)[1]
+    return phase
+
+
+def _module_of(walk: _Walk, meta: dict) -> str:
+    """The module an op is charged to (module doc); a forward op also maps its seq_nr to it."""
+    custom = meta.get("custom") or {}
+    if walk.phase == "forward":
+        module = custom.get("module") or LOSS_MODULE
+        walk.seq_module.setdefault(meta.get("seq_nr", -1), module)
+        walk.last_backward_module = module  # the backward seed belongs to the loss
+        return module
+    if walk.phase == "backward":
+        if "grad_fn" in custom:  # inside an autograd node's backward
+            return walk.seq_module.get(custom["grad_fn"], walk.last_backward_module)
+        return walk.last_backward_module  # the backward seed, or a gradient accumulation
+    return ROOT_MODULE
+
+
+def _overload_name(target) -> str:
+    """``packet.overload`` (e.g. ``add.Tensor``), the key of the op tables above."""
+    return f"{target.overloadpacket.__name__}.{target._overloadname}"
+
+
+def _lower_op(low: _Lowering, walk: _Walk, node) -> None:
+    """Route one ATen op: allocation-only ops, optimizer foreach kernels, other kernels."""
+    target = node.target
+    module = _module_of(walk, node.meta)
+    args = _values(node.args)
+    kwargs = _values(node.kwargs)
+    out = node.meta.get("val")
+    if _overload_name(target) in _ALLOC_ONLY:
+        _reserve_allocations(low, _tensors_in(out, []), walk.phase)
+    elif target.overloadpacket.__name__.startswith("_foreach_") and walk.phase == "optimizer":
+        walk.kernel_count += 1
+        _lower_foreach(low, target, args, kwargs, out, walk.phase, walk.kernel_count)
+    else:
+        _lower_kernel(low, walk, node, module, args, kwargs, out)
+
+
+def _reserve_allocations(low: _Lowering, out_vals: list, phase: str) -> None:
+    """Register an allocation-only op's storages as pending, for the first kernel to touch."""
+    for val in out_vals:
+        storage = val.untyped_storage()
+        if storage._cdata not in low.by_storage:
+            low.new_tensor(storage, val, _kind_for(phase), "", pending=True)
+
+
+def _lower_kernel(low: _Lowering, walk: _Walk, node, module: str, args, kwargs, out) -> None:
+    """Append the raw op of a kernel that writes memory; a view or alias adds nothing."""
+    target = node.target
+    kind = _kind_for(walk.phase)
+    stem = f"{module}.{target.overloadpacket.__name__}"
+    vals = _OpValues(_tensors_in((args, kwargs), []), _tensors_in(out, []),
+                     _written_args(target, args, kwargs))
+    new_outputs = _new_outputs(low, vals.outs, walk.ignored, kind, stem)
+    written = _tracked(low, vals.written, walk.ignored)
+    if not new_outputs and not written:
+        return  # a view or alias: no kernel
+    reads = _tracked(low, vals.ins, walk.ignored)
+    outputs = new_outputs + _claim_pending(reads + written, kind, stem)
+    inputs, updates = _split_roles(reads, written, outputs)
+    overload = _overload_name(target)
+    raw = _RawOp(_op_name(target), walk.phase, module, inputs, outputs, updates,
+                 _flops(target, args, kwargs, out),
+                 _bytes_moved(low, overload, vals, outputs, new_outputs))
+    if _is_accumulation(node, walk.phase, overload, raw, vals):
+        raw.dense = tuple(_whole(v, a, walk.kernel_nodes) for v, a in zip(vals.ins, node.args))
+    low.ops.append(raw)
+    walk.kernel_nodes.add(node)
+    if walk.phase == "backward":
+        walk.last_backward_module = module
+
+
+def _new_outputs(low: _Lowering, out_vals: list, ignored: set, kind: str, stem: str) -> list:
+    """New tensors for the storages an op returns that nothing made before (``stem[.k]``)."""
+    new = []
+    for k, val in enumerate(out_vals):
+        storage = val.untyped_storage()
+        if storage._cdata in ignored or storage._cdata in low.by_storage:
             continue
-        if node.op != "call_function":
-            continue
-        target = node.target
-        if target is operator.getitem:
-            continue
-        if target is record_enter:
-            label = node.args[0]
-            if isinstance(label, str) and label.startswith("phase:"):
-                phase = label.split(":", 1)[1]
-            continue
-        if not isinstance(target, torch._ops.OpOverload) or target.namespace == "profiler":
-            continue
+        suffix = f".{k}" if len(out_vals) > 1 else ""
+        t = low.new_tensor(storage, val, kind, f"{stem}{suffix}")
+        if t is not None:
+            new.append(t)
+    return new
 
-        meta = node.meta
-        custom = meta.get("custom") or {}
-        if phase == "forward":
-            module = custom.get("module") or LOSS_MODULE
-            seq_module.setdefault(meta.get("seq_nr", -1), module)
-            last_backward_module = module  # the backward seed belongs to the loss
-        elif phase == "backward":
-            if "grad_fn" in custom:  # inside an autograd node's backward
-                module = seq_module.get(custom["grad_fn"], last_backward_module)
-            else:  # the seed of the backward pass, or a gradient accumulation
-                module = last_backward_module
-        else:
-            module = ROOT_MODULE
 
-        args = _values(node.args)
-        kwargs = _values(node.kwargs)
-        out = meta.get("val")
-        in_vals = _tensors_in((args, kwargs), [])
-        out_vals = _tensors_in(out, [])
-        written_vals = _written_args(target, args, kwargs)
-        overload = f"{target.overloadpacket.__name__}.{target._overloadname}"
+def _tracked(low: _Lowering, vals, ignored: set) -> list:
+    """The known tensors behind some values, each once and in order, constants left out."""
+    return _dedup(low.lookup(v) for v in vals if v.untyped_storage()._cdata not in ignored)
 
-        if overload in _ALLOC_ONLY:
-            for val in out_vals:
-                storage = val.untyped_storage()
-                if storage._cdata not in low.by_storage:
-                    low.new_tensor(storage, val, _kind_for(phase), "", pending=True)
-            continue
 
-        is_foreach = target.overloadpacket.__name__.startswith("_foreach_")
-        if is_foreach and phase == "optimizer":
-            kernel_count += 1
-            _lower_foreach(low, target, args, kwargs, out, phase, kernel_count)
-            continue
+def _claim_pending(tensors: list, kind: str, stem: str) -> list:
+    """Make this kernel the producer of the pending storages it is the first to touch."""
+    claimed = []
+    for t in tensors:
+        if t.pending:
+            t.pending = False
+            t.kind = kind
+            t.name = t.name or stem
+            claimed.append(t)
+    return claimed
 
-        new_outputs = []
-        for k, val in enumerate(out_vals):
-            storage = val.untyped_storage()
-            if storage._cdata in ignored:
-                continue
-            known = low.by_storage.get(storage._cdata)
-            if known is None:
-                suffix = f".{k}" if len(out_vals) > 1 else ""
-                t = low.new_tensor(storage, val, _kind_for(phase),
-                                   f"{module}.{target.overloadpacket.__name__}{suffix}")
-                if t is not None:
-                    new_outputs.append(t)
-        written = _dedup(low.lookup(v) for v in written_vals
-                         if v.untyped_storage()._cdata not in ignored)
-        if not new_outputs and not written:
-            continue  # a view or alias: no kernel
-        reads = _dedup(low.lookup(v) for v in in_vals
-                       if v.untyped_storage()._cdata not in ignored)
-        outputs = list(new_outputs)
-        for t in reads + written:
-            if t.pending:  # first kernel to touch an allocation-only storage produces it
-                t.pending = False
-                t.kind = _kind_for(phase)
-                t.name = t.name or f"{module}.{target.overloadpacket.__name__}"
-                outputs.append(t)
-        out_ids = {t.index for t in outputs}
-        updates = [t for t in written if t.index not in out_ids]
-        upd_ids = {t.index for t in updates}
-        inputs = [t for t in reads if t.index not in out_ids and t.index not in upd_ids]
 
-        if overload in _GATHER:
-            moved = (sum(_distinct_bytes(v) for v in in_vals[1:])
-                     + 2 * sum(_distinct_bytes(v) for v in out_vals))
-        else:
-            seen_ids = set()
-            moved = 0
-            for v in in_vals:
-                if id(v) not in seen_ids and low.lookup(v) not in outputs:
-                    seen_ids.add(id(v))
-                    moved += _distinct_bytes(v)
-            moved += sum(_distinct_bytes(v) for v in written_vals)
-            moved += sum(_distinct_bytes(v) for v in out_vals
-                         if low.lookup(v) in new_outputs)
-        raw = _RawOp(_op_name(target), phase, module, inputs, outputs, updates,
-                     _flops(target, args, kwargs, out), moved)
-        if phase == "backward" and "grad_fn" not in custom and overload == "add.Tensor" \
-                and len(inputs) == 2 and len(outputs) == 1 and len(in_vals) == 2:
-            raw.dense = tuple(_whole(v, a, kernel_nodes) for v, a in zip(in_vals, node.args))
-        low.ops.append(raw)
-        kernel_nodes.add(node)
-        if phase == "backward":
-            last_backward_module = module
+def _split_roles(reads: list, written: list, outputs: list) -> tuple[list, list]:
+    """(inputs, updates): written but not produced is an update; read, neither, an input."""
+    out_ids = {t.index for t in outputs}
+    updates = [t for t in written if t.index not in out_ids]
+    upd_ids = {t.index for t in updates}
+    inputs = [t for t in reads if t.index not in out_ids and t.index not in upd_ids]
+    return inputs, updates
 
-    _accumulate_in_place(low)
-    return _finish(low, step, optimizer)
+
+def _bytes_moved(low: _Lowering, overload: str, vals: _OpValues, outputs: list,
+                 new_outputs: list) -> int:
+    """Bytes a kernel moves for the roofline: distinct elements read plus written (gather: rows)."""
+    if overload in _GATHER:
+        return (sum(_distinct_bytes(v) for v in vals.ins[1:])
+                + 2 * sum(_distinct_bytes(v) for v in vals.outs))
+    seen_ids = set()
+    moved = 0
+    for v in vals.ins:
+        if id(v) not in seen_ids and low.lookup(v) not in outputs:
+            seen_ids.add(id(v))
+            moved += _distinct_bytes(v)
+    moved += sum(_distinct_bytes(v) for v in vals.written)
+    moved += sum(_distinct_bytes(v) for v in vals.outs if low.lookup(v) in new_outputs)
+    return moved
+
+
+def _is_accumulation(node, phase: str, overload: str, raw: _RawOp, vals: _OpValues) -> bool:
+    """A backward ``add`` of two gradients outside any autograd node, for _accumulate_in_place."""
+    custom = node.meta.get("custom") or {}
+    return (phase == "backward" and "grad_fn" not in custom and overload == "add.Tensor"
+            and len(raw.inputs) == 2 and len(raw.outputs) == 1 and len(vals.ins) == 2)
 
 
 def _whole(val, arg, kernel_nodes: set) -> bool:
@@ -736,10 +823,12 @@ def _accumulate_in_place(low: _Lowering) -> None:
 
 
 def _kind_for(phase: str) -> str:
+    """The kind of a storage a phase creates: forward activation, backward gradient."""
     return {"forward": "activation", "backward": "gradient"}.get(phase, "other")
 
 
 def _dedup(items) -> list:
+    """The tensors among items, each once, in first-seen order (None dropped)."""
     seen, out = set(), []
     for t in items:
         if t is not None and t.index not in seen:
