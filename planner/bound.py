@@ -68,7 +68,7 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
     latency, up = link_speed(hardware, "offload", "host")
     _, down = link_speed(hardware, "prefetch", "host")
     tensors = profile.tensor_by_id
-    live = _live_sets(profile)
+    persistent = profile.persistent_bytes
     best, where = profile.ideal_us, None   # the rounded ideal time (R3) the simulator reports
     candidates = []
     for p, op in enumerate(profile.ops):
@@ -76,22 +76,26 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
         if excess <= 0:
             continue
         touched = set(op.inputs) | set(op.outputs) | set(op.updates)
-        idle = [t for t in live[p] if t not in touched]
+        touched_persistent = sum(tensors[t].bytes for t in touched if tensors[t].persistent)
+        touched_live = sum(tensors[t].bytes for t in touched if not tensors[t].persistent)
+        # live non-persistent bytes p does not touch: the resident set less weights,
+        # workspace and what p reads, writes or makes
+        movable = profile.resident_bytes[p] - persistent - op.workspace_bytes - touched_live
         if moves_persistent:
-            excess -= sum(t.bytes for t in profile.tensors if t.persistent and t.id not in touched)
+            excess -= persistent - touched_persistent
             if excess <= 0:
                 continue
-        movable = sum(tensors[t].bytes for t in idle)
         if movable < excess:
             return Bound(float("inf"), op.id, recompute, moves_persistent, feasible=False)
         swap_only = _expression(starts[p], ideal - starts[p], excess, 0.0, latency, up, down)
-        candidates.append((swap_only, p, excess, idle))
+        candidates.append((swap_only, p, excess, touched))
     candidates.sort(key=lambda c: -c[0])
-    for swap_only, p, excess, idle in candidates:
+    for swap_only, p, excess, touched in candidates:
         if swap_only <= best:
             break   # the recompute variant of this op and every later one is no larger
         value = swap_only
         if recompute:
+            idle = [t for t in _live_at(profile, p) if t not in touched]
             value = _with_recompute(profile, starts[p], ideal - starts[p], excess, idle, latency, up, down)
         if value > best:
             best, where = value, profile.ops[p].id
@@ -134,32 +138,13 @@ def _with_recompute(profile: Profile, before_us: float, rest_us: float, excess: 
     return min(value(point) for point in points if 0.0 <= point <= excess)
 
 
-def _live_sets(profile: Profile) -> list[list[str]]:
-    """The non-persistent tensors live at each op (produced at or before it, last used at
-    or after it), as lists of ids."""
-    n = len(profile.ops)
-    starting: list[list[str]] = [[] for _ in range(n + 1)]
-    ending: list[list[str]] = [[] for _ in range(n + 1)]
+def _live_at(profile: Profile, p: int) -> list[str]:
+    """The non-persistent tensors live at op position p (produced at or before it, last
+    used at or after it)."""
+    found = []
     for t in profile.tensors:
-        if t.persistent:
-            continue
-        first, last = profile.lifetime(t.id)
-        starting[first].append(t.id)
-        ending[last + 1].append(t.id)
-    live: dict[str, None] = {}
-    out = []
-    for p in range(n):
-        for tid in ending[p]:
-            live.pop(tid, None)
-        for tid in starting[p]:
-            live[tid] = None
-        out.append(list(live))
-    return out
-
-
-def bound_fields(bound: Bound, result) -> dict:
-    """``lower_bound_us``, ``gap_to_bound`` and ``bound`` (its kind) for a result: the gap
-    only for a plan that runs, the bound None when no plan of its kind fits."""
-    return {"lower_bound_us": bound.iteration_us if bound.feasible else None,
-            "gap_to_bound": bound.gap(result.iteration_us) if result.ok else None,
-            "bound": bound.kind}
+        if not t.persistent:
+            first, last = profile.lifetime(t.id)
+            if first <= p <= last:
+                found.append(t.id)
+    return found
