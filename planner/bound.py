@@ -148,3 +148,11 @@ def _live_at(profile: Profile, p: int) -> list[str]:
             if first <= p <= last:
                 found.append(t.id)
     return found
+
+
+def bound_fields(bound: Bound, result) -> dict:
+    """``lower_bound_us``, ``gap_to_bound`` and ``bound`` (its kind) for a result: the gap
+    only for a plan that runs, the bound None when no plan of its kind fits."""
+    return {"lower_bound_us": bound.iteration_us if bound.feasible else None,
+            "gap_to_bound": bound.gap(result.iteration_us) if result.ok else None,
+            "bound": bound.kind}
