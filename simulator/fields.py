@@ -101,6 +101,17 @@ class Reader:
         return Reader(value, self.file, self.path(key))
 
 
+def is_id_list(value: Any) -> bool:
+    """A list of non-empty strings (ids), checked without building errors: the loaders'
+    fast path for well-formed entries."""
+    if type(value) is not list:
+        return False
+    for item in value:
+        if type(item) is not str or not item:
+            return False
+    return True
+
+
 def _kind(value: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
             int: "a number", float: "a number", type(None): "null"}.get(type(value), type(value).__name__)

@@ -15,6 +15,7 @@ from pathlib import Path
 import jsonschema
 
 from .errors import InputError
+from .fields import is_id_list
 from .files import read_document, write_atomic
 from .profile import Profile, profile_sha256, schedule_problem
 from .units import MAX_BYTES, MAX_COUNT
@@ -241,14 +242,7 @@ def _actions_ok(actions) -> bool:
 
 
 def _schedule_ok(schedule) -> bool:
-    if schedule is None:
-        return True
-    if type(schedule) is not list:
-        return False
-    for op_id in schedule:
-        if type(op_id) is not str or not op_id:
-            return False
-    return True
+    return schedule is None or is_id_list(schedule)
 
 
 def _most_precise(errors):

@@ -21,7 +21,7 @@ import networkx as nx
 import yaml
 
 from .errors import InputError
-from .fields import Reader
+from .fields import Reader, is_id_list
 from .files import YAML_SHARE, gzip_bytes, max_input_bytes, no_gc, read_document, write_atomic
 from .units import MAX_BYTES, MAX_COUNT, MAX_US, us_to_ps
 
@@ -536,15 +536,6 @@ def _tensors_from_list(raw: list, file: str, consume: bool) -> list[Tensor]:
     return out
 
 
-def _ids_ok(ids) -> bool:
-    if type(ids) is not list:
-        return False
-    for tid in ids:
-        if type(tid) is not str or not tid:
-            return False
-    return True
-
-
 def _ops_from_list(raw: list, file: str, consume: bool) -> list[Op]:
     """Ops from their parsed entries: the well-formed entry inline, any other through
     ``_op_from_dict`` (see ``_tensors_from_list``)."""
@@ -564,7 +555,7 @@ def _ops_from_list(raw: list, file: str, consume: bool) -> list[Op]:
                     and (flops is None or ((type(flops) is float or type(flops) is int) and 0 <= flops < inf
                                            and (type(flops) is float or flops <= _FLOAT_MAX)))
                     and (module is None or (type(module) is str and module))
-                    and _ids_ok(inputs) and _ids_ok(outputs) and (updates is _NO_IDS or _ids_ok(updates))):
+                    and is_id_list(inputs) and is_id_list(outputs) and (updates is _NO_IDS or is_id_list(updates))):
                 op = Op(oid, name, phase, float(time_us), tuple(inputs), tuple(outputs), tuple(updates),
                         ws, None if flops is None else float(flops), module)
         append(op if op is not None else _op_from_dict(item, file, i))
