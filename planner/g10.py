@@ -94,7 +94,8 @@ Departures (and why):
   profiles; before round 3 and the advances, every g10 plan the simulator found
   infeasible on them had its own estimate over budget).
   And when the SSD was in play and the rules alone did not fit, the same planner is run
-  without the SSD and the plan the simulator runs faster is kept: the rule sends a long
+  without the SSD (unless its plan took no SSD move, which leaves nothing to win back)
+  and the plan the simulator runs faster is kept: the rule sends a long
   interval to the slower SSD first, and the SSD's own bandwidth can then be what the
   moves that free memory in time lack.
 - Timing is the ideal timeline; the plan is not re-planned from simulated times.
@@ -786,7 +787,7 @@ def plan_g10(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, ssd=Tr
              fallback=True):
     use_ssd = ssd and hardware.ssd is not None
     draft = g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback)
-    if fallback and use_ssd and not draft.notes["rules_alone_fit"]:
+    if fallback and use_ssd and not draft.notes["rules_alone_fit"] and draft.notes["moves_by_tier"]["ssd"]:
         host_only = g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, False, True)
         host_only.notes["host_only_retry"] = True
         draft = better_by_simulation(profile, hardware, budget_bytes, [draft, host_only])
