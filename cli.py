@@ -414,8 +414,13 @@ def import_kineto_cmd(trace, et_path, iteration, name, output) -> None:
         _note(f"{gpu['unattributed_in_trace']} GPU events (kernels, copies, memsets) match no operator's launch "
               "(no correlation or External id to follow) and are left out of the op times")
     if et_path is None:
-        click.echo("note: without --et the profile has no weights, optimizer state or inputs (they were "
-                   "allocated before the trace); percentages of the peak exclude them", err=True)
+        pre = (profile.source.get("memory") or {}).get("pre_window_tensor")
+        if pre:
+            _note("without --et, what was allocated before the trace window (weights, optimizer state, batch) is "
+                  "one persistent tensor, 'pre_window', that no op reads (see `swapplan info`)")
+        else:
+            _note("without --et the profile has no weights, optimizer state or inputs (they were allocated "
+                  "before the trace, and it has no Total Allocated figures); percentages of the peak exclude them")
 
 
 # ----------------------------------------------------------------------------- plan

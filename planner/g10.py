@@ -517,6 +517,14 @@ class G10State:
             self._over_sum = np.concatenate(([0], np.cumsum(over_ps)))
         return float(self._over_sum[hi] - self._over_sum[lo]) / 1e6
 
+    def over_in_span(self, interval: Interval) -> bool:
+        """Is any kernel the interval could leave the GPU during over budget?"""
+        if interval.after is None:
+            return self.over_budget_us(0, self.n) > 0
+        if interval.wraps:
+            return self.over_budget_us(interval.after + 1, self.n) + self.over_budget_us(0, interval.before) > 0
+        return self.over_budget_us(interval.after + 1, interval.before) > 0
+
     def _memory_changed(self) -> None:
         self._over_sum = None
 
@@ -681,6 +689,8 @@ def choose_moves(state: G10State, intervals: list[Interval]) -> None:
     moves are in ``state.taken``; an interval taken stays a candidate for its advance."""
     heap = []
     for interval in intervals:
+        if not state.over_in_span(interval):
+            continue   # no kernel it could free is over budget, and memory only falls in a round
         move = state.evaluate(interval)
         if move is not None and move.benefit > 0:
             heap.append(_key(move) + (interval,))
