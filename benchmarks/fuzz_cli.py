@@ -39,6 +39,7 @@ import yaml  # noqa: E402
 
 from simulator.hardware import preset_dir  # noqa: E402
 from tests.conftest import TWO_LAYER_OPS, TWO_LAYER_TENSORS, profile_dict  # noqa: E402
+from tests.hostile import alias_bomb, node_paths  # noqa: E402
 
 EXTREME = [0, -1, 1, 2**53 - 1, 2**53, 2**62, 2**63, 2**64, 2**70, 1e20, 1e308, -1e308, 5e-324, 1e-10,
            1.5, "1e400GiB", "8191PiB", "10000PiB", "60%", "", " ", "\ud800", "x" * 100_000, None, True,
@@ -149,14 +150,6 @@ def run_case(case: Case, timeout: float, memory: int) -> str | None:
 # ----------------------------------------------------------------------------- the cases
 
 
-def _alias_bomb(levels: int) -> str:
-    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x","x"]']
-    for i in range(1, levels):
-        lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]")
-    return ("format: swapplan-profile/1\nname: bomb\nsource:\n" + "\n".join("  " + line for line in lines)
-            + "\ntensors: []\nops: []\n")
-
-
 def hostile_cases(full: bool) -> list[Case]:
     """The inputs issue 17 lists, at full size with ``full``."""
     base = {"p.json": _profile(), "plan.json": _plan()}
@@ -185,7 +178,7 @@ def hostile_cases(full: bool) -> list[Case]:
     for levels in (7, 9):
         for command in ("validate", "info", "simulate"):
             cases.append(Case(f"alias bomb {levels} {command}", [command, "bomb.yaml"],
-                              {"bomb.yaml": _alias_bomb(levels)}))
+                              {"bomb.yaml": alias_bomb(levels)}))
     cases.append(Case("fifo profile", ["info", "f.json"], special={"f.json": "fifo"}))
     cases.append(Case("fifo plan", ["simulate", "p.json", "f.json"], base, special={"f.json": "fifo"}))
     plan = _plan()
@@ -224,19 +217,8 @@ def _long_profile(ops: int) -> str:
 
 def _mutate(tree, rng: random.Random):
     """Replace, drop or duplicate one node of a parsed document."""
-    paths = []
-
-    def walk(node, path):
-        paths.append(path)
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, path + [key])
-        elif isinstance(node, list):
-            for k, value in enumerate(node):
-                walk(value, path + [k])
-
     tree = copy.deepcopy(tree)
-    walk(tree, [])
+    paths = node_paths(tree)
     path = rng.choice(paths[1:])
     parent = tree
     for key in path[:-1]:

@@ -15,6 +15,7 @@ from simulator.hardware import load_hardware, preset_dir
 from simulator.plan import check_plan, load_plan
 from simulator.profile import load_profile, profile_bytes
 from tests.conftest import TWO_LAYER_OPS, TWO_LAYER_TENSORS, make_profile
+from tests.hostile import node_paths
 
 PROFILE = make_profile(TWO_LAYER_TENSORS, TWO_LAYER_OPS, "two-layer")
 PROFILE_TEXT = profile_bytes(PROFILE)
@@ -59,18 +60,7 @@ def _byte_mutation(data: bytes, draw) -> bytes:
 
 def _tree_mutation(tree, draw):
     """Replace, delete or retype one node of the parsed document."""
-    paths = []
-
-    def walk(node, path):
-        paths.append(path)
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, path + [key])
-        elif isinstance(node, list):
-            for k, value in enumerate(node):
-                walk(value, path + [k])
-
-    walk(tree, [])
+    paths = node_paths(tree)
     path = draw(st.sampled_from(paths[1:] or paths))
     if not path:
         return draw(json_values)

@@ -28,6 +28,7 @@ from simulator.files import read_document, write_atomic
 from simulator.hardware import preset_dir
 from simulator.plan import load_plan
 from tests.conftest import TWO_LAYER_OPS, TWO_LAYER_TENSORS, profile_dict
+from tests.hostile import alias_bomb
 
 ROOT = Path(__file__).resolve().parents[1]
 LINE_CHARS = 400   # an error line is at most this long, whatever the input
@@ -237,18 +238,10 @@ def test_numel_2_62_in_an_execution_trace_is_refused(tmp_path):
 # ----------------------------------------------------------------------------- 3: no hang, no blow-up
 
 
-def _alias_bomb(levels: int) -> str:
-    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x","x"]']
-    for i in range(1, levels):
-        lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]")
-    return ("format: swapplan-profile/1\nname: bomb\nsource:\n" + "\n".join("  " + line for line in lines)
-            + "\ntensors: []\nops: []\n")
-
-
 @pytest.mark.parametrize("levels", [7, 9])
 @pytest.mark.parametrize("command", ["validate", "info", "simulate"])
 def test_yaml_alias_bomb_is_refused_quickly(work, levels, command):
-    (work / "bomb.yaml").write_text(_alias_bomb(levels))
+    (work / "bomb.yaml").write_text(alias_bomb(levels))
     start = time.monotonic()
     result = cli(work, command, "bomb.yaml", code=2)
     assert time.monotonic() - start < 5
@@ -268,7 +261,7 @@ def test_recursive_yaml_alias(work):
 
 
 def test_yaml_hardware_alias_bomb(work):
-    bomb = _alias_bomb(9).replace("format: swapplan-profile/1\nname: bomb\nsource:", "description: x\nextra:")
+    bomb = alias_bomb(9).replace("format: swapplan-profile/1\nname: bomb\nsource:", "description: x\nextra:")
     (work / "hwbomb.yaml").write_text(bomb)
     assert "alias" in cli(work, "simulate", "p.json", "--hardware", "hwbomb.yaml", code=2).stderr
 
