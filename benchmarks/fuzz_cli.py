@@ -39,7 +39,7 @@ import yaml  # noqa: E402
 
 from simulator.hardware import preset_dir  # noqa: E402
 from tests.conftest import TWO_LAYER_OPS, TWO_LAYER_TENSORS, profile_dict  # noqa: E402
-from tests.hostile import alias_bomb, node_paths  # noqa: E402
+from tests.hostile import alias_bomb, node_paths, two_layer_plan  # noqa: E402
 
 EXTREME = [0, -1, 1, 2**53 - 1, 2**53, 2**62, 2**63, 2**64, 2**70, 1e20, 1e308, -1e308, 5e-324, 1e-10,
            1.5, "1e400GiB", "8191PiB", "10000PiB", "60%", "", " ", "\ud800", "x" * 100_000, None, True,
@@ -57,14 +57,7 @@ def _profile() -> dict:
 
 
 def _plan() -> dict:
-    return {"format": "swapplan-plan/1", "profile": {"name": "two-layer"}, "hardware": "a100-40gb-pcie4",
-            "budget_bytes": 400, "initial": {"w1": "host"},
-            "actions": [{"kind": "offload", "tensor": "a1", "to": "host", "after": "f2"},
-                        {"kind": "prefetch", "tensor": "a1", "from": "host", "after": "loss", "before": "b2"},
-                        {"kind": "drop", "tensor": "a2", "after": "loss"},
-                        {"kind": "recompute", "tensor": "a2", "before": "b2"},
-                        {"kind": "prefetch", "tensor": "w1", "from": "host", "after": None, "before": "f1"},
-                        {"kind": "offload", "tensor": "w1", "to": "host", "after": "u1"}]}
+    return two_layer_plan()
 
 
 # ----------------------------------------------------------------------------- one case

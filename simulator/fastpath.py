@@ -25,8 +25,7 @@ except ImportError:  # no C compiler at install time: the reference path is used
 
 OK, INVALID, INFEASIBLE, OVERFLOW = 0, 1, 2, 3
 ABI = 2          # the argument and result layout below; _fastsim.ABI must match
-_KIND = {"offload": 0, "prefetch": 1, "drop": 2, "recompute": 3}
-_TIER = {"host": 0, "ssd": 1, None: 0}
+_TIER = {"host": 0, "ssd": 1}   # initial placements (actions are packed by _fastsim.pack_actions)
 _WHAT = ("start", "op", "recompute", "prefetch", "stuck", "capacity")
 _AFTER = ("offload", "prefetch", "wait")
 UNBOUNDED = 2**62   # the budget of the run that measures how far over budget a plan goes

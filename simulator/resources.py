@@ -116,9 +116,6 @@ class Stream:
         self.running: int | None = None    # the transfer it runs
         self.busy_ps = 0
 
-    def head(self) -> int | None:
-        return self.queue[0] if self.queue and self.running is None else None
-
 
 class Memory:
     """GPU memory counted in bytes (R2, R4): what is resident, the use and its peak."""

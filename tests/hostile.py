@@ -2,6 +2,19 @@
 from __future__ import annotations
 
 
+def two_layer_plan() -> dict:
+    """A plan document for the two-layer profile of tests/conftest.py using every action
+    kind and an initial placement: the seed that fuzzers mutate."""
+    return {"format": "swapplan-plan/1", "profile": {"name": "two-layer"}, "hardware": "a100-40gb-pcie4",
+            "budget_bytes": 400, "initial": {"w1": "host"},
+            "actions": [{"kind": "offload", "tensor": "a1", "to": "host", "after": "f2"},
+                        {"kind": "prefetch", "tensor": "a1", "from": "host", "after": "loss", "before": "b2"},
+                        {"kind": "drop", "tensor": "a2", "after": "loss"},
+                        {"kind": "recompute", "tensor": "a2", "before": "b2"},
+                        {"kind": "prefetch", "tensor": "w1", "from": "host", "after": None, "before": "f1"},
+                        {"kind": "offload", "tensor": "w1", "to": "host", "after": "u1"}]}
+
+
 def alias_bomb(levels: int) -> str:
     """A YAML profile whose aliases expand to 10^levels nodes."""
     lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x","x"]']

@@ -15,21 +15,12 @@ from simulator.hardware import load_hardware, preset_dir
 from simulator.plan import check_plan, load_plan
 from simulator.profile import load_profile, profile_bytes
 from tests.conftest import TWO_LAYER_OPS, TWO_LAYER_TENSORS, make_profile
-from tests.hostile import node_paths
+from tests.hostile import node_paths, two_layer_plan
 
 PROFILE = make_profile(TWO_LAYER_TENSORS, TWO_LAYER_OPS, "two-layer")
 PROFILE_TEXT = profile_bytes(PROFILE)
 HARDWARE_TEXT = (preset_dir() / "a100-40gb-pcie4.yaml").read_bytes()
-PLAN_TEXT = json.dumps({
-    "format": "swapplan-plan/1", "profile": {"name": "two-layer"}, "hardware": "a100-40gb-pcie4",
-    "budget_bytes": 400, "initial": {"w1": "host"},
-    "actions": [{"kind": "offload", "tensor": "a1", "to": "host", "after": "f2"},
-                {"kind": "prefetch", "tensor": "a1", "from": "host", "after": "loss", "before": "b2"},
-                {"kind": "drop", "tensor": "a2", "after": "loss"},
-                {"kind": "recompute", "tensor": "a2", "before": "b2"},
-                {"kind": "prefetch", "tensor": "w1", "from": "host", "after": None, "before": "f1"},
-                {"kind": "offload", "tensor": "w1", "to": "host", "after": "u1"}],
-}).encode()
+PLAN_TEXT = json.dumps(two_layer_plan()).encode()
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
