@@ -239,7 +239,7 @@ def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, as_js
     printed), 2 bad input.
     """
     from planner.bound import bound_fields, lower_bound
-    from simulator.engine import simulate as run_simulation
+    from simulator.api import simulate as run_simulation
     from simulator.plan import empty_plan
     from simulator.plot import plot_memory
     from simulator.timeline import write_chrome_trace

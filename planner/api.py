@@ -6,7 +6,8 @@ import json
 import time
 from dataclasses import dataclass
 
-from simulator.engine import check_budget, simulate
+from simulator.api import simulate
+from simulator.engine import check_budget
 from simulator.errors import InfeasibleError
 from simulator.hardware import Hardware
 from simulator.plan import Plan, PlannerInfo

@@ -42,7 +42,7 @@ is listed under departures.
    tensor whose producer updates nothing in place and which is not updated in place
    before ``c`` is recomputed, and the recomputes before one op are issued in producer
    order, so a chain's sources come first.
-6. Feedback: the plan is simulated (``simulator.engine.simulate``); every prefetch whose
+6. Feedback: the plan is simulated (``simulator.api.simulate``); every prefetch whose
    back-access op still waited for data (``stall_by_op`` ``data_us``) has its trigger
    moved earlier, by the larger of that stall and ``feedback_step`` x the ideal
    iteration (at least one op), but never into the peak (the estimate with the tensor

@@ -41,7 +41,7 @@ Departures from the paper and the package, and why
 --------------------------------------------------
 1. **Fits = the real simulator.** TFLMS's auto-tuner runs a memory-only, level-by-level
    simulation and accepts a candidate whose peak stays within 0.9 x (GPU memory -
-   trainable variables). Here a candidate fits when simulator.engine.simulate finds the
+   trainable variables). Here a candidate fits when simulator.api.simulate finds the
    plan valid and within the budget (all of it: R2 counts bytes exactly, with no
    fragmentation, which is what the 0.9 margin was for; the weights are counted in the
    simulation, not subtracted). The search is the package's binary search otherwise.

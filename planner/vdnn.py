@@ -28,7 +28,7 @@ their first forward op.
   for each tensor the found layer offloaded. Backward triggers are taken in the order
   the layers' backward passes start.
 - **vDNN_dyn** (``mode=dyn``, III-D) tries, in order, no offload, vDNN_conv, vDNN_all,
-  each scored by the simulator (simulator.engine.simulate) at the budget, and keeps the
+  each scored by the simulator (simulator.api.simulate) at the budget, and keeps the
   first that runs within it; when none does it returns vDNN_all (the most memory-saving
   one), which make_plan then marks infeasible.
 - Weights, optimizer state and inputs stay on the GPU (moves_persistent=False).

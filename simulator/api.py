@@ -23,6 +23,13 @@ from .program import PlanInvalid, compile_program
 from .result import Result
 
 
+def simulate(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None = None,
+             record: bool = False, reference: bool = False) -> Result:
+    """Simulate one plan (see ``Simulator.simulate``). To simulate many plans of one
+    profile and machine, make one ``Simulator``: it compiles them once."""
+    return Simulator(profile, hardware).simulate(plan, budget_bytes, record=record, reference=reference)
+
+
 @dataclass(frozen=True, slots=True)
 class Score:
     """How good a plan is, in a form a search can rank.

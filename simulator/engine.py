@@ -4,8 +4,8 @@ This is the reference statement of the rules (R1-R23 of docs/simulation.md) in P
 ``run_program`` runs a compiled program (simulator/program.py) on a compiled profile and
 machine (simulator/compiled.py) with the resource parts of simulator/resources.py.
 The C fast path (simulator/fastpath.py) must agree with it exactly; tests compare the
-two. ``simulate`` is the one-call entry; ``simulator.api.Simulator`` compiles a profile
-and a machine once and scores many plans. The engine knows nothing of planners.
+two. ``simulator.api`` is the entry (``simulate`` for one plan, ``Simulator`` to compile a
+profile and a machine once and score many plans). The engine knows nothing of planners.
 
 Time is integer picoseconds (R3). One compute stream runs the items of the compute
 sequence in order (R5, R6); the streams ``h2d``, ``d2h``, ``ssd_read`` and ``ssd_write``
@@ -22,7 +22,6 @@ from .compiled import LINKS, STREAMS, CompiledProfile, Machine
 from .errors import InputError
 from .hardware import Hardware
 from .plan import Plan
-from .profile import Profile
 from .program import Drop, PlanInvalid, Program, Transfer
 from .resources import Links, Memory, Stream, Tiers
 from .result import Result, Span, Timeline
@@ -46,17 +45,6 @@ def check_budget(budget: int, hardware: Hardware) -> int:
     if budget < 0:
         raise InputError("<argument>", "budget", "must not be negative")
     return budget
-
-
-def simulate(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None = None,
-             record: bool = False, reference: bool = False) -> Result:
-    """Simulate ``plan`` on ``profile`` and ``hardware`` (see ``Simulator.simulate``).
-
-    To simulate many plans of one profile and machine, make one
-    ``simulator.api.Simulator`` and call it: it compiles the profile and machine once.
-    """
-    from .api import Simulator
-    return Simulator(profile, hardware).simulate(plan, budget_bytes, record=record, reference=reference)
 
 
 # ----------------------------------------------------------------------------- infeasible

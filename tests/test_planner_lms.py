@@ -7,7 +7,7 @@ import pytest
 from planner.api import make_plan
 from planner.lms import Knobs, lms_actions, plan_lms, topological_levels
 from simulator.catalog import open_profile
-from simulator.engine import simulate
+from simulator.api import simulate
 from simulator.hardware import load_hardware
 from simulator.plan import Plan
 from tests.conftest import make_profile

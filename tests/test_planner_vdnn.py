@@ -7,7 +7,7 @@ import pytest
 from planner.api import make_plan
 from planner.vdnn import op_kind, plan_vdnn
 from simulator.catalog import open_profile
-from simulator.engine import simulate
+from simulator.api import simulate
 from simulator.hardware import load_hardware
 from simulator.plan import Plan
 from simulator.profile import profile_from_dict
