@@ -89,3 +89,39 @@ def test_the_plan_carries_the_planner_report():
     assert data["notes"] == info.notes and data["lower_bound_us"] == info.lower_bound_us
     assert planned.plan.predicted["gap_to_bound"] == pytest.approx(
         planned.result.iteration_us / info.lower_bound_us - 1)
+
+
+def test_g10_places_transfers_in_the_link_time_left():
+    # kernels of 4, 2, 0 (taken), 6 us: a 7 us copy from kernel 0 ends in kernel 3 (4 + 2 + 0 + 1),
+    # half of it done by kernel 0 (3.5 <= 4); placed as late as possible before kernel 4
+    # it starts in kernel 1 (1 + 0 + 6) and its last half runs from kernel 3
+    links = LinkTime(np.array([4.0, 2.0, 2.0, 6.0]), machine())
+    route = links.links("offload", "host")
+    links.take(links.forward(route, 2, 3, 2.0)[2])          # kernel 2's link time is gone
+    end, half, ahead = links.forward(route, 0, 4, 7.0)
+    assert (end, half) == (3, 0) and list(ahead.used) == pytest.approx([4.0, 2.0, 0.0, 1.0])
+    start, late_half, behind = links.backward(route, 0, 4, 7.0)
+    assert (start, late_half) == (1, 3) and list(behind.used) == pytest.approx([1.0, 0.0, 6.0])
+    assert links.forward(route, 0, 4, 12.1) is None and links.backward(route, 1, 4, 9.0) is None
+    links.take(ahead)
+    assert list(links.left["pcie_up"][:4]) == pytest.approx([0.0, 0.0, 0.0, 5.0])
+    assert links.forward(route, 0, 4, 5.0)[0] == 3          # the sums follow what was taken
+    links.give_back(ahead)
+    assert links.backward(route, 0, 4, 7.0)[0] == 1
+
+
+def test_capuchin_replans_leaning_to_swaps_where_unsure_and_keeps_the_faster():
+    # bert-base on an A100 at 40 GiB: the stall estimate prices swaps high enough that
+    # phase 2 recomputes where swaps hide; the simulator prefers the swap-leaning replan
+    from planner.capuchin import _plan
+    from simulator.catalog import open_profile, shipped_profile_paths
+    from simulator.hardware import load_hardware
+    path = next(p for p in shipped_profile_paths() if "bert-base" in p.name)
+    profile, hw = open_profile(path), load_hardware("a100-40gb-pcie4")
+    budget = 40 * 2**30
+    first, first_result, unsure = _plan(profile, hw, budget, True, True, 1.0, 10, 0.05)
+    assert unsure > 0 and first_result.ok
+    planned = make_plan(profile, hw, budget, "capuchin")
+    notes = planned.plan.planner.notes
+    assert notes["judged_by_simulation"] == "swap-leaning replan"
+    assert planned.result.iteration_us < first_result.iteration_us * 0.99
