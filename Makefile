@@ -19,7 +19,7 @@ $(STAMP_CORE): pyproject.toml | $(BIN)/python
 # The tests also trace small models, so they install the `trace` extra (torch pinned to
 # the CPU build 2.13.0, never a multi-GB CUDA build) with the `dev` tools.
 $(STAMP_DEV): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,trace]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,trace,dask]'
 	touch $(STAMP_CORE) $@
 
 demo: $(STAMP_CORE)
@@ -29,6 +29,9 @@ demo: $(STAMP_CORE)
 	@$(BIN)/swapplan simulate synth-transformer-l12-b16-s1024 --budget 60%; [ $$? -eq 1 ]
 	@echo "# With Capuchin's plan it does:"
 	$(BIN)/swapplan plan synth-transformer-l12-b16-s1024 --planner capuchin --budget 60% -o demo-plan.json
+	@echo "# Which planner for GPT-2 and ResNet-50 on an A100 40 GB? (charts and a report in demo-compare/)"
+	$(BIN)/swapplan compare gpt2-b48-s1024 resnet50-b1024-s224 --planners lms,vdnn,g10,capuchin \
+		--budgets 36GiB,30GiB,24GiB --hardware a100-40gb-pcie4 --out demo-compare
 
 # pytest exits 5 when it collected no tests: that is a failure, never a pass.
 test: $(STAMP_DEV)
@@ -44,4 +47,4 @@ profiles: $(STAMP_CORE)
 	$(BIN)/python -m tracer.make_profiles
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis demo-compare demo-plan.json

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import traceback
+from pathlib import Path
 
 import click
 
@@ -482,6 +483,84 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, output,
                                                           ("lower_bound_us", "gap_to_bound", "bound")})
     if not result.ok:
         raise click.exceptions.Exit(1)
+
+
+@app.command("compare")
+@click.argument("profiles", nargs=-1, required=True, metavar="PROFILE...")
+@click.option("--planners", "planner_list", default="all", show_default=True,
+              help="Comma-separated planners, or all (see `swapplan planners`).")
+@click.option("--budgets", default="90%,70%,50%,30%", show_default=True,
+              help="Comma-separated budgets: percentages of each profile's no-swap peak and/or sizes "
+                   "(8GiB); capped at the GPU's memory.")
+@click.option("--hardware", "hardware_names", multiple=True,
+              help="Preset or hardware file (repeatable) [default: each profile's own, as for plan].")
+@click.option("--time-limit", type=click.FloatRange(min=0.1, max=86400.0), default=600.0, show_default=True,
+              help="Seconds per cell: planners that can stop early get this; a cell still running at "
+                   "1.5x + 1 s is stopped and recorded as a timeout.")
+@click.option("--jobs", type=click.IntRange(1, 256), default=None,
+              help="Local processes [default: the CPU count, at most the cells to run].")
+@click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
+              help="Run the cells on this Dask scheduler (tcp://host:port; needs the dask extra).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed for planners that use randomness.")
+@click.option("--out", default="swapplan-compare", show_default=True,
+              help="Output folder: results.csv, results.json, plans/, charts, report.html. Rerunning with "
+                   "the same folder skips the cells already done.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON (and no progress).")
+def compare_cmd(profiles, planner_list, budgets, hardware_names, time_limit, jobs, dask_address, seed, out,
+                as_json) -> None:
+    """Compare planners on PROFILEs: every planner x budget x profile x machine.
+
+    Each cell is planned and simulated; a cell that fails or times out is recorded and the
+    sweep goes on. Exit status: 0 when every cell ran (fitting or not), 1 when a cell
+    failed with an error, 2 bad input, 130 interrupted (what finished is written).
+    """
+    from compare.progress import ProgressLine
+    from compare.report import write_report
+    from compare.sweep import expand_cells, run_sweep
+    from planner.registry import planners
+
+    names = [s.name for s in planners()] if planner_list.strip() == "all" else \
+        [name.strip() for name in planner_list.split(",") if name.strip()]
+    budget_list = [b.strip() for b in budgets.split(",") if b.strip()]
+    if not names or not budget_list:
+        raise InputError("<argument>", "--planners" if not names else "--budgets", "is empty")
+    cells = expand_cells(profiles, hardware_names or (None,), names, budget_list, seed, time_limit)
+    progress = None if as_json else ProgressLine()
+    outcome = run_sweep(cells, out, jobs=jobs or min(os.cpu_count() or 1, len(cells)), dask_address=dask_address,
+                        progress=progress)
+    page = write_report(outcome.rows, Path(out)) if outcome.rows else None
+    if as_json:
+        _echo_json(outcome.rows)
+    else:
+        _print_comparison(outcome.rows)
+        click.echo(f"{outcome.ran} cells run, {outcome.resumed} already done; rows in "
+                   f"{os.path.join(out, 'results.csv')}" + (f", report in {page}" if page else ""))
+    for row in outcome.failed:
+        _note(f"{row['profile']} {row['hardware']} {row['planner']} {row['budget']}: {row['error']}")
+    if outcome.interrupted:
+        click.echo(f"interrupted: {len(outcome.rows)} of {len(cells)} cells written; run the same command "
+                   "again to finish", err=True)
+        raise click.exceptions.Exit(130)
+    if outcome.failed:
+        raise click.exceptions.Exit(1)
+
+
+def _print_comparison(rows: list[dict]) -> None:
+    """Per (profile, machine): overhead by planner and budget, the best per budget marked."""
+    from compare.report import bound_text, budget_label, cell_text, grids
+
+    for grid in grids(rows):
+        table = []
+        for planner in grid.planners:
+            line = [planner]
+            for budget in grid.budgets:
+                text = cell_text(grid.cells.get((planner, budget)))
+                line.append(f"[bold green]{text} *[/]" if planner in grid.best.get(budget, ()) else text)
+            table.append(line)
+        table.append(["[dim]lower bound[/]"] + [f"[dim]{bound_text(grid, b)}[/]" for b in grid.budgets])
+        click.echo(f"{grid.profile} on {grid.hardware}: overhead over the ideal iteration (* best per budget)")
+        _table(None, ["planner"] + [budget_label(grid, b) for b in grid.budgets], table,
+               right=set(range(1, len(grid.budgets) + 1)))
 
 
 @app.command("planners")
