@@ -446,9 +446,18 @@ def _parse_params(pairs: tuple[str, ...]) -> dict:
               help="Preset or hardware file [default: the profile's roofline preset, else a100-40gb-pcie4].")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="A planner parameter (repeatable).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for planners that use randomness.")
+@click.option("--time-limit", type=click.FloatRange(min=0.1, max=86400.0), default=None,
+              help="Seconds a searching planner (ILP, genetic) may take; it then returns its best plan "
+                   "[default: the planner's own, 60 s for the ILPs].")
+@click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True,
+              help="Threads for solvers (0: every core).")
+@click.option("--gap", type=click.FloatRange(0.0, 1.0), default=None,
+              help="For the ILP planners: stop once the plan is proven within this relative gap "
+                   "(same as --param gap=G).")
 @click.option("-o", "--output", default=None, help="Write the plan JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan summary as JSON.")
-def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, output, as_json) -> None:
+def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_limit, threads, gap, output,
+             as_json) -> None:
     """Plan what leaves GPU memory for PROFILE within a budget, and score the plan.
 
     The plan is simulated and its prediction stored in it. Exit status: 0 when the plan
@@ -456,6 +465,7 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, output,
     written, marked infeasible), 2 bad input.
     """
     from planner.api import make_plan
+    from planner.registry import RunOptions
     from simulator.plan import save_plan
     from simulator.units import parse_budget
 
@@ -463,7 +473,12 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, output,
     loaded = catalog.open_profile(profile)
     hardware = _hardware(hardware_name, None, loaded)
     budget_bytes = parse_budget(budget, loaded.peak_bytes)
-    planned = make_plan(loaded, hardware, budget_bytes, planner_name, _parse_params(params), seed)
+    given = _parse_params(params)
+    if gap is not None:
+        given["gap"] = str(gap)
+    options = RunOptions(seed=seed, time_limit=time_limit, threads=threads or os.cpu_count() or 1,
+                         progress=None if as_json else _note)
+    planned = make_plan(loaded, hardware, budget_bytes, planner_name, given, seed, options)
     if output:
         save_plan(planned.plan, output)
     result = planned.result

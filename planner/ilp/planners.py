@@ -1,0 +1,160 @@
+"""``autotm`` and ``tmof``: swap MILPs on the interval formulation (planner/ilp/intervals.py),
+solved by HiGHS, with a heuristic plan as the fallback so that a plan always comes back.
+
+``autotm`` follows Hildebrand et al., "AutoTM: Automatic Tensor Movement in Heterogeneous
+Memory Systems using Integer Linear Programming", ASPLOS 2020, as summarised from the
+paper: per tensor, where it lives between uses (GPU, or here host memory or SSD);
+asynchronous moves within a window of kernels of a use (``window``, 15 in the paper);
+memory at every kernel; each kernel's time the larger of its compute and the copies
+overlapped with it. Departures: a tensor's location is chosen per idle interval, not by
+a flow network (equivalent for moves that go out and come back once per interval);
+synchronous moves are the window's edge cases (release two ops after the last use,
+prefetch issued right before the next); the write-once saving for read-only tensors is
+not modelled (every moved interval is written out, R16 makes that exact for tensors
+updated in place); persistent tensors move only within the iteration (no start in a
+lower tier); fragmentation does not exist here (R2 counts bytes).
+
+``tmof`` follows the spirit of Lin et al., "TMOF: Tensor Movement Orchestration Framework
+for ...", HPCA 2023, whose MILP is not public: host memory only, the two PCIe directions
+as separate channels that overlap (bidirectional overlapping), and TMOF's
+channel-contention avoidance as a token: no two offloads in flight in any step. Departure:
+TMOF's disjoint swapping between GPUs has no counterpart on one GPU.
+
+Both: the MILP's objective is its predicted iteration time (the sum of step times), and
+HiGHS's dual bound is a proven lower bound on that objective for this formulation (not on
+every plan: it fixes the op order, the windows and the candidate intervals). The decoded
+plan is simulated; the fallback (g10's plan, host only for tmof) is too, and the faster
+of the two is returned. Prefetches are issued in order of deadline on each stream (a
+prefetch due later is held back to the issue point of one due sooner), so the FIFO
+streams (R17) never make a copy wait behind one due after it.
+"""
+from __future__ import annotations
+
+import time
+
+from simulator.plan import offload, prefetch
+
+from ..api import score
+from ..lowering import OFFLOAD, PREFETCH, Step, issue_order
+from ..registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
+from .intervals import Chosen, Formulation, candidates, decode, predicted_us
+
+DEFAULT_TIME_LIMIT = 60.0
+DEFAULT_GAP = 1e-3
+
+
+def to_actions(profile, chosen: list[Chosen]) -> list:
+    """Offloads after the last use; prefetches after their issue op, held back so that on
+    each stream they are issued in order of the op that needs them."""
+    ops = profile.ops
+    steps = []
+    for k, ch in enumerate(chosen):
+        c = ch.candidate
+        steps.append(Step(c.after, OFFLOAD, c.before, k, offload(c.tensor, ops[c.after].id, c.tier)))
+    for tier in sorted({ch.candidate.tier for ch in chosen}):
+        latest = -1
+        for k, ch in sorted(((k, ch) for k, ch in enumerate(chosen) if ch.candidate.tier == tier),
+                            key=lambda kc: (kc[1].candidate.before, kc[1].fetch, kc[0])):
+            c = ch.candidate
+            latest = max(latest, ch.fetch)
+            steps.append(Step(latest, PREFETCH, c.before, k,
+                              prefetch(c.tensor, ops[latest].id, ops[c.before].id, c.tier)))
+    return issue_order(steps)
+
+
+def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tiers: tuple[str, ...], window: int,
+                    token: bool, gap: float | None, fallback) -> Draft:
+    """Build, solve, decode and judge one swap MILP; ``fallback()`` gives the heuristic draft."""
+    started = time.perf_counter()
+    deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
+    gap = DEFAULT_GAP if gap is None else gap
+    cands = candidates(profile, hardware, budget, window, tiers)
+    form = Formulation(profile, hardware, budget, cands, one_offload_at_a_time=token)
+    built = time.perf_counter() - started
+    notes = {"candidates": len(cands), "columns": form.model.num_cols, "rows": form.model.num_rows,
+             "over_budget_ops": len(form.over_ops), "window": window, "build_seconds": round(built, 3)}
+    if not form.over_ops:
+        return Draft(status="optimal", gap=0.0, estimate_us=profile.ideal_us, notes=notes)
+    if form.uncovered:   # an op over the budget that no candidate interval can free memory at
+        backup = fallback()
+        notes.update(fallback=f"{len(form.uncovered)} ops over the budget that no interval in the model can "
+                              f"relieve (first {form.uncovered[0]!r}): the heuristic plan")
+        return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", notes=notes)
+    start = form.start()
+    if len(tiers) > 1:
+        # host moves alone first (a smaller model HiGHS solves fast): its plan starts the full one
+        host = Formulation(profile, hardware, budget, [c for c in cands if c.tier == "host"], token)
+        limit = max(1.0, 0.5 * (deadline - time.perf_counter()))
+        options.say(f"MILP, host moves only: {host.model.num_cols} columns; solving (limit {limit:.0f} s)")
+        first = host.model.solve(limit, options.threads, options.seed, gap, start=host.start())
+        if first.values is not None:
+            start = form.extend(host, first.values)
+            notes.update(host_only_us=first.objective / 1e-3, host_only_gap=first.gap)
+    limit = max(1.0, deadline - time.perf_counter())
+    options.say(f"MILP: {form.model.num_cols} columns, {form.model.num_rows} rows; solving (limit {limit:.0f} s)")
+    solution = form.model.solve(limit, options.threads, options.seed, gap, start=start)
+    notes.update(solve_seconds=round(time.perf_counter() - started - built, 3), solver=solution.model_status,
+                 mip_gap=solution.gap, model_bound_us=None if solution.bound is None else solution.bound / 1e-3)
+    backup = fallback()
+    backup_result = score(profile, hardware, budget, backup.actions, backup.initial)
+    if solution.values is None:
+        why = "no plan within the model's rules fits the budget" if solution.model_status == "Infeasible" \
+            else "the solver found no solution in time"
+        notes.update(fallback=f"{why}: the heuristic plan")
+        return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", notes=notes)
+    chosen = decode(form, solution.values)
+    actions = to_actions(profile, chosen)
+    estimate = predicted_us(form, solution.values)
+    result = score(profile, hardware, budget, actions)
+    notes.update(moved=len(chosen), model_objective_us=estimate,
+                 simulated_us=result.iteration_us if result.ok else None)
+    if backup_result.ok and (not result.ok or backup_result.iteration_us < result.iteration_us):
+        notes.update(fallback="the heuristic plan simulated faster than the solver's",
+                     heuristic_us=backup_result.iteration_us)
+        return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", gap=solution.gap,
+                     estimate_us=estimate, notes=notes)
+    return Draft(actions=actions, status=solution.status, gap=solution.gap, estimate_us=estimate, notes=notes)
+
+
+def _g10(profile, hardware, budget, ssd: bool):
+    from ..g10 import plan_g10
+    return lambda: plan_g10(profile, hardware, budget, ssd=ssd)
+
+
+_COMMON = (
+    Param("gap", 1e-3, "stop when the solution is proven within this relative gap of the optimum",
+          low=0.0, high=1.0),
+)
+
+
+@register(
+    "autotm",
+    "AutoTM (ASPLOS'20): MILP over where each tensor lives between uses (GPU, host, SSD), "
+    "asynchronous moves within a window of kernels, each kernel as long as its compute or its copies.",
+    params=(Param("window", 15, "ops before / after a use within which a move may run", low=1, high=4096),
+            Param("ssd", True, "allow the SSD tier (when the hardware has one)")) + _COMMON,
+    moves_persistent=True,
+    paper="Hildebrand et al., AutoTM: Automatic Tensor Movement in Heterogeneous Memory Systems "
+          "using Integer Linear Programming, ASPLOS 2020",
+)
+def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=15, ssd=True, gap=1e-3):
+    tiers = ("host", "ssd") if ssd and hardware.ssd is not None else ("host",)
+    return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=tiers, window=window, token=False,
+                           gap=gap, fallback=_g10(profile, hardware, budget_bytes, ssd and "ssd" in tiers))
+
+
+@register(
+    "tmof",
+    "TMOF (HPCA'23), in spirit: host-only swap MILP with the two PCIe directions overlapping "
+    "and never two offloads in flight at once (channel-contention avoidance).",
+    params=(Param("window", 20, "ops before / after a use within which a move may run", low=1, high=4096),
+            Param("token", False, "TMOF's contention avoidance as a constraint: never two offloads in flight "
+                                  "in one step (FIFO streams already serialise them; this also forbids issuing "
+                                  "one while another runs, and makes the MILP much harder)")) + _COMMON,
+    moves_persistent=True,
+    paper="Lin et al., TMOF: tensor movement orchestration, HPCA 2023 (formulation not public: "
+          "this one is written in its spirit)",
+)
+def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, token=False, gap=1e-3):
+    return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=token,
+                           gap=gap, fallback=_g10(profile, hardware, budget_bytes, False))

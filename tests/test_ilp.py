@@ -1,0 +1,122 @@
+"""The ILP planners (planner/ilp): the interval MILP against brute force on a tiny graph,
+zero overhead above the peak, prediction against simulation, never worse than the
+fallback, honest solver status, determinism."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from planner.api import make_plan
+from planner.ilp.intervals import MS, Formulation, candidates, decode
+from planner.registry import RunOptions
+from simulator.hardware import load_hardware
+from tests.conftest import make_profile
+from tests.engine_helpers import machine
+from tracer.synthetic import synthesize
+
+# f1 makes a (100 B) and b (60 B); five 10 us ops run while they idle (each makes a small c*);
+# g1 reads a, g2 reads b. No-swap memory 160, 162, 164 x 4, 163, 62: a budget of 163 needs
+# b away during m1-m4 (a is read by g1 right after m4, so it cannot be away there).
+TENSORS = {"a": (100, "activation"), "b": (60, "activation"), "ga": (1, "gradient"), "gb": (1, "gradient")}
+OPS = [("f1", "forward", 10.0, [], ["a", "b"])]
+for k in range(5):
+    TENSORS[f"c{k}"] = (2, "activation")
+    OPS.append((f"m{k}", "forward", 10.0, [f"c{k - 1}"] if k else [], [f"c{k}"]))
+OPS += [("g1", "backward", 10.0, ["a", "c4"], ["ga"]), ("g2", "backward", 10.0, ["b", "ga"], ["gb"])]
+
+
+def tiny():
+    return make_profile(TENSORS, OPS, "ilp-tiny")
+
+
+def _model_optimum_by_enumeration(form: Formulation) -> float:
+    """Every choice of moves, releases and fetches, each priced by the LP over the rest."""
+    choices = []
+    for c in form.cands:
+        choices.append([None] + [(r, f) for r in c.release for f in c.fetch if r <= f])
+    best = np.inf
+    model = form.model
+    for pick in itertools.product(*choices):
+        lower, upper = list(model.lower), list(model.upper)
+        for k, (c, choice) in enumerate(zip(form.cands, pick)):
+            col = form.cols[k]
+            for i, r in enumerate(c.release):
+                on = choice is not None and r >= choice[0]
+                model.lower[col.Y + i] = model.upper[col.Y + i] = float(on)
+            for i, f in enumerate(c.fetch):
+                on = choice is not None and f >= choice[1]
+                model.lower[col.Z + i] = model.upper[col.Z + i] = float(on)
+        solution = model.solve(10, 1, 0, 0.0)
+        model.lower, model.upper = lower, upper
+        if solution.objective is not None:
+            best = min(best, solution.objective)
+    return best
+
+
+def test_the_milp_finds_the_optimum_enumeration_finds():
+    profile, hw = tiny(), machine(h2d=0.01, d2h=0.01)   # 10 B/us: a copy of a takes 10 us
+    form = Formulation(profile, hw, 163, candidates(profile, hw, 163, 8, ("host",)))
+    assert len(form.cands) == 2
+    solution = form.model.solve(10, 1, 0, 0.0)
+    assert solution.status == "optimal"
+    assert solution.objective == pytest.approx(_model_optimum_by_enumeration(form), rel=1e-6)
+    moved = decode(form, solution.values)
+    assert "b" in [m.candidate.tensor for m in moved]
+
+
+def test_the_plan_fits_and_the_model_predicts_the_simulation():
+    profile, hw = tiny(), machine(h2d=0.01, d2h=0.01)
+    planned = make_plan(profile, hw, 163, "tmof")
+    report = planned.plan.planner
+    assert planned.result.ok and report.status == "optimal" and report.gap is not None and report.gap <= 1e-3
+    assert report.notes["moved"] >= 1
+    assert planned.result.iteration_us == pytest.approx(report.estimate_us, rel=0.02)
+
+
+def test_above_the_peak_nothing_moves_and_the_plan_is_optimal():
+    profile = tiny()
+    planned = make_plan(profile, machine(), profile.peak_bytes, "autotm")
+    assert planned.plan.actions == () and planned.plan.planner.status == "optimal"
+    assert planned.result.overhead == 0.0
+
+
+@pytest.fixture(scope="module")
+def transformer():
+    return synthesize("transformer", layers=4, batch=8, seq=512), load_hardware("a100-40gb-pcie4")
+
+
+@pytest.mark.parametrize("planner", ["autotm", "tmof"])
+def test_on_a_synthetic_graph_prediction_and_simulation_agree_and_the_fallback_never_wins_by_much(transformer, planner):
+    profile, hw = transformer
+    budget = int(0.75 * profile.peak_bytes)
+    planned = make_plan(profile, hw, budget, planner, options=RunOptions(time_limit=20, threads=1))
+    notes = planned.plan.planner.notes
+    assert planned.result.ok
+    assert notes["model_bound_us"] <= notes["model_objective_us"] * (1 + 1e-9)
+    assert notes["simulated_us"] == pytest.approx(notes["model_objective_us"], rel=0.02)
+    fallback = make_plan(profile, hw, budget, "g10", {"ssd": str(planner == "autotm")})
+    assert planned.result.iteration_us <= fallback.result.iteration_us * (1 + 1e-9)
+
+
+def test_same_seed_one_thread_same_plan(transformer):
+    profile, hw = transformer
+    budget = int(0.75 * profile.peak_bytes)
+    runs = [make_plan(profile, hw, budget, "tmof", options=RunOptions(seed=3, time_limit=20, threads=1))
+            for _ in range(2)]
+    assert runs[0].plan.actions == runs[1].plan.actions
+
+
+def test_the_start_solution_is_feasible_in_the_model():
+    profile, hw = tiny(), machine(h2d=0.01, d2h=0.01)
+    form = Formulation(profile, hw, 163, candidates(profile, hw, 163, 8, ("host",)))
+    x = form.start()
+    assert x is not None
+    m = form.model
+    starts = m._starts
+    for row in range(m.num_rows):
+        index, value = m._index[starts[row]:starts[row + 1]], m._value[starts[row]:starts[row + 1]]
+        activity = float(np.dot(value, x[index]))
+        assert m.row_lower[row] - 1e-9 <= activity <= m.row_upper[row] + 1e-9
+    assert x[form.T:form.T + form.n].sum() >= profile.ideal_us * MS - 1e-9
