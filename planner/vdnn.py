@@ -79,6 +79,13 @@ Departures from the paper, and why
    algorithm to choose: the memory-optimal check and the greedy per-layer downgrade have
    nothing to act on, and the "fits" test is the simulator's own feasibility (which
    includes timing), not a memory-only estimate.
+7. **Fallback** (``fallback``, on by default; not in the paper). When vDNN_all (or
+   vDNN_dyn's choice) does not fit, the same offload and prefetch rules are applied to
+   every layer but the last (activation, softmax and fully-connected layers included),
+   and each layer also offloads the tensors its own forward ops make that its backward
+   reads (GPT-2's MLP keeps its GELU input and output for backward: vDNN_all never moves
+   them, and cannot fit GPT-2 at 50% of its peak). The plan is kept only if it fits, and
+   its status is ``fallback``.
 6. **No module field.** When ops carry no ``module``, each forward op is its own layer
    (the plan's notes say ``layers: one op per layer``). Its backward is then taken to
    start at the first backward-phase op that reads one of its weights, else one of its
@@ -97,6 +104,7 @@ from .lowering import OFFLOAD, PREFETCH, Step, issue_order
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
 
 MODES = ("all", "conv", "dyn")
+EVERY = "every"   # the fallback: every layer, and the tensors a layer makes for its own backward
 
 FULLY_CONNECTED_WORDS = frozenset({"linear", "addmm", "mm", "matmul"})
 SOFTMAX_WORDS = frozenset({"softmax", "softmin"})
@@ -211,7 +219,7 @@ def offloads_layer(layer: Layer, mode: str, last_index: int) -> bool:
         return layer.kind == "conv"
     if mode == "all":
         return layer.kind not in NOT_OFFLOADED_BY_ALL
-    return False
+    return mode == EVERY
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -231,17 +239,20 @@ def forward_backward_split(profile: Profile, tid: str) -> tuple[int, int] | None
     return last_forward, min(later)
 
 
-def input_feature_maps(profile: Profile, layer: Layer) -> list[str]:
-    """The tensors layer ``layer`` reads that another layer produced, that are worth and
-    safe to offload: non-persistent, non-empty, with a backward use after every forward
-    use (in-place updates included)."""
+def input_feature_maps(profile: Profile, layer: Layer, internal: bool = False) -> list[str]:
+    """The tensors layer ``layer`` reads that another layer produced (and, ``internal``,
+    those its own forward ops make and its backward reads), that are worth and safe to
+    offload: non-persistent, non-empty, with a backward use after every forward use
+    (in-place updates included)."""
     own = set(layer.forward)
     found: list[str] = []
     for i in layer.forward:
-        for tid in profile.ops[i].inputs:
+        for tid in profile.ops[i].inputs + (profile.ops[i].outputs if internal else ()):
             tensor = profile.tensor_by_id[tid]
             made_by = profile.producer[tid]
-            if tensor.persistent or tensor.bytes == 0 or made_by is None or made_by in own or tid in found:
+            if tensor.persistent or tensor.bytes == 0 or made_by is None or tid in found:
+                continue
+            if made_by in own and not internal:
                 continue
             if forward_backward_split(profile, tid) is None:
                 continue
@@ -257,7 +268,7 @@ def choose_offloads(profile: Profile, layers: list[Layer], mode: str) -> dict[in
     for layer in layers:
         if not offloads_layer(layer, mode, last_index):
             continue
-        mine = [t for t in input_feature_maps(profile, layer) if t not in claimed]
+        mine = [t for t in input_feature_maps(profile, layer, internal=mode == EVERY) if t not in claimed]
         if mine:
             chosen[layer.index] = mine
             claimed.update(mine)
@@ -358,13 +369,22 @@ def dynamic_actions(profile: Profile, hardware, budget_bytes: int) -> tuple[list
 @register("vdnn", "vDNN: offload each layer's input feature map in forward, prefetch one layer ahead "
                   "in backward (all / conv / dyn).",
           params=(Param("mode", "all", "all: every layer but activation/softmax/fc/last; conv: convolution "
-                                       "layers only; dyn: first of none, conv, all that fits", choices=MODES),),
+                                       "layers only; dyn: first of none, conv, all that fits", choices=MODES),
+                  Param("fallback", True, "when all (or dyn) does not fit: also offload activation, softmax "
+                                          "and fully-connected layers' inputs and what each layer keeps for "
+                                          "its own backward, by the same rules (marked fallback)")),
           moves_persistent=False,
           paper="Rhu et al., vDNN: Virtualized Deep Neural Networks for Scalable, Memory-Efficient Neural "
                 "Network Design, MICRO 2016")
-def plan_vdnn(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, mode="all"):
+def plan_vdnn(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, mode="all", fallback=True):
     if mode == "dyn":
         actions, notes = dynamic_actions(profile, hardware, budget_bytes)
     else:
         actions, notes = vdnn_actions(profile, mode)
+    if fallback and mode != "conv" and not fits(profile, hardware, budget_bytes, actions):
+        wider, wider_notes = vdnn_actions(profile, EVERY)
+        if fits(profile, hardware, budget_bytes, wider):
+            return Draft(actions=wider, status="fallback",
+                         notes={**wider_notes, "mode": mode, "fallback": "vDNN's rules do not fit the budget: "
+                                "every layer's inputs and saved tensors offloaded"})
     return Draft(actions=actions, notes=notes)

@@ -125,3 +125,17 @@ def test_capuchin_replans_leaning_to_swaps_where_unsure_and_keeps_the_faster():
     notes = planned.plan.planner.notes
     assert notes["judged_by_simulation"] == "swap-leaning replan"
     assert planned.result.iteration_us < first_result.iteration_us * 0.99
+
+
+def test_vdnn_falls_back_to_every_layer_when_its_rules_do_not_fit():
+    # GPT-2 at 50%: vDNN_all never moves fully-connected inputs nor what the MLP keeps for
+    # its own backward, and does not fit; the fallback does, and says so
+    from simulator.catalog import open_profile
+    from simulator.hardware import load_hardware
+    profile, hw = open_profile("gpt2-b48-s1024"), load_hardware("a100-40gb-pcie4")
+    budget = profile.peak_bytes // 2
+    strict = make_plan(profile, hw, budget, "vdnn", {"fallback": "false"})
+    assert not strict.result.ok and strict.plan.planner.status == "infeasible"
+    planned = make_plan(profile, hw, budget, "vdnn")
+    assert planned.result.ok and planned.plan.planner.status == "fallback"
+    assert len(planned.plan.actions) > len(strict.plan.actions)
