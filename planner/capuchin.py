@@ -17,7 +17,8 @@ is listed under departures.
    ``e`` + SwapTime; SwapInStart = start of ``c`` - SwapTime; FreeTime FT = SwapInStart -
    SwapOutEnd. Recompute time = the producer's time (plus a chain's, step 5).
 3. Candidates: the pairs whose idle interval holds an op over the budget. The memory
-   estimate starts from ``profile.resident_bytes`` and is updated after every choice (a
+   estimate (``planner.estimate``, shared with g10 and flashneuron) starts from
+   ``profile.resident_bytes`` and is updated after every choice (a
    tensor counts as off the GPU from the first op starting after its offload ends, or
    after its drop, up to its prefetch's trigger, or up to its recompute); the memory to
    save is each op's excess over the budget.
@@ -115,6 +116,7 @@ from simulator.compiled import link_speed
 
 from .analysis import op_start_us, touches
 from .api import score
+from .estimate import MemoryEstimate
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
 
 SWAP, RECOMPUTE = "swap", "recompute"
@@ -255,7 +257,7 @@ class _State:
         self.starts = op_start_us(profile)
         self.n = len(profile.ops)
         self.tensors = profile.tensor_by_id
-        self.est = np.array(profile.resident_bytes, dtype=np.int64)
+        self.estimate = MemoryEstimate(profile, budget)
         self.accesses: dict[str, list[int]] = {}
         self.op_access: dict[str, frozenset[int]] = {}
         self.intervals: dict[str, list[tuple[int, int]]] = {}
@@ -288,15 +290,6 @@ class _State:
     def swap_us(self, tid: str, speed) -> float:
         latency, bytes_per_us = speed
         return latency + self.tensors[tid].bytes / bytes_per_us
-
-    def over_in(self, lo: int, hi: int) -> np.ndarray:
-        """Op positions in [lo, hi] whose estimate is over the budget."""
-        if lo > hi:
-            return np.empty(0, dtype=np.int64)
-        return np.flatnonzero(self.est[lo:hi + 1] > self.budget) + lo
-
-    def any_over(self) -> bool:
-        return bool((self.est > self.budget).any())
 
     def gaps(self, tid: str) -> list[tuple[int, int]]:
         """The tensor's access pairs with an op between them that are not evicted yet."""
@@ -340,7 +333,7 @@ class _State:
     # ---------------------------------------------------------------- updates
 
     def refresh(self, tid: str) -> None:
-        """Recompute the tensor's resident op intervals and apply the change to ``est``."""
+        """Recompute the tensor's resident op intervals and apply the change to the estimate."""
         frees = [(ev.free_from, ev.free_to) for ev in self.evictions.get(tid, {}).values()]
         new = _resident_intervals(self.accesses[tid], self.op_access[tid], frees)
         old = self.intervals[tid]
@@ -348,9 +341,9 @@ class _State:
             return
         nbytes = self.tensors[tid].bytes
         for a, b in old:
-            self.est[a:b + 1] -= nbytes
+            self.estimate.remove(nbytes, a, b + 1)
         for a, b in new:
-            self.est[a:b + 1] += nbytes
+            self.estimate.add(nbytes, a, b + 1)
             if not any(oa <= a and b <= ob for oa, ob in old):
                 self.raised = True
         self.intervals[tid] = new
@@ -409,13 +402,13 @@ def _swap_option(state: _State, tid: str, e: int, c: int, hidden_only: bool) -> 
     else:
         out_end = state.d2h.end_if_added(out_key, starts[e + 1], out_us)
     free_from = max(e + 1, bisect_left(starts, out_end - 1e-9, 0, state.n))
-    over = state.over_in(free_from, c - 1)
+    over = state.estimate.over_in(free_from, c)
     if len(over) == 0:
         if hidden_only:
             return None
         # The copy cannot end in time on the ideal timeline: the first over-budget op
         # waits for its release (a memory stall, counted below).
-        over = state.over_in(e + 1, c - 1)
+        over = state.estimate.over_in(e + 1, c)
         if len(over) == 0:
             return None
         free_from = int(over[0])
@@ -469,7 +462,7 @@ def _recompute_option(state: _State, tid: str, e: int, c: int) -> _RecomputeOpti
         return None
     delta = _recompute_delta(state, tid, e, c, chain, reads)
     raised = delta > 0
-    if raised.any() and bool((state.est[raised] + delta[raised] > state.budget).any()):
+    if raised.any() and bool((state.estimate.bytes[raised] + delta[raised] > state.budget).any()):
         return None  # a side effect (a source kept longer) would put an op over the budget
     return _RecomputeOption(cost, chain, reads)
 
@@ -566,7 +559,7 @@ def _recompute_fits(state: _State, tid: str, c: int, chain: dict, reads: list[st
     plus the largest producer workspace."""
     profile = state.profile
     op = profile.ops[c]
-    entering = int(state.est[c]) - op.workspace_bytes - sum(state.tensors[t].bytes for t in set(op.outputs))
+    entering = int(state.estimate.bytes[c]) - op.workspace_bytes - sum(state.tensors[t].bytes for t in set(op.outputs))
     redone = [x for x, how in chain.items() if how != "retarget"]
     transient = sum(state.tensors[x].bytes for x in redone)
     transient += sum(state.tensors[x].bytes for x in reads
@@ -657,7 +650,7 @@ def _swap_phase(state: _State) -> None:
     pairs = [(tid, a, b) for tid in sorted(state.accesses) for a, b in state.gaps(tid)]
     pairs.sort(key=lambda g: (-_free_time(state, *g), -state.tensors[g[0]].bytes, g[0], g[1]))
     for tid, e, c in pairs:
-        if not state.any_over():
+        if not state.estimate.any_over():
             return
         if _free_time(state, tid, e, c) < 0:
             return  # sorted: no later pair can be hidden either
@@ -668,7 +661,7 @@ def _swap_phase(state: _State) -> None:
 
 def _best_option(state: _State, tid: str, e: int, c: int):
     """(score, method, option) of the cheaper of swapping and recomputing, or None."""
-    if len(state.over_in(e + 1, c - 1)) == 0:
+    if len(state.estimate.over_in(e + 1, c)) == 0:
         return None
     swap = _swap_option(state, tid, e, c, hidden_only=False)
     redo = _recompute_option(state, tid, e, c)
@@ -694,7 +687,7 @@ def _hybrid_phase(state: _State) -> None:
     """Phase 2: the pair with the best bytes per second of its cheaper method, lazily
     re-scored after each choice, until the estimate fits or nothing helps."""
     for _ in range(_REBUILDS):
-        if not state.any_over():
+        if not state.estimate.any_over():
             return
         state.raised = False
         heap: list = []
@@ -713,7 +706,7 @@ def _hybrid_phase(state: _State) -> None:
             for a, b in state.gaps(tid):
                 push(tid, a, b)
         taken = 0
-        while heap and state.any_over():
+        while heap and state.estimate.any_over():
             _, _, _, tid, a, b, version, method, option = heapq.heappop(heap)
             if not state.is_gap(tid, a, b):
                 continue
@@ -788,8 +781,10 @@ def _move_triggers(state: _State, result, step: float) -> int:
                 continue
             target = state.starts[ev.trigger + 1] - max(stalls[ops[ev.before].id], shift_floor)
             nbytes = state.tensors[tid].bytes
+            too_full = state.estimate.last_over(nbytes, ev.free_from + 1, ev.trigger + 1)
+            lowest = ev.free_from if too_full is None else too_full
             p = ev.trigger
-            while p - 1 >= ev.free_from and state.est[p] + nbytes <= state.budget:
+            while p > lowest:
                 p -= 1
                 if state.starts[p + 1] <= target:
                     break
@@ -836,13 +831,13 @@ def _plan(profile, hardware, budget_bytes, swap: bool, recompute: bool, swap_wei
     """One Capuchin plan: phases 1 and 2, then feedback. Returns the draft, its simulated
     result (None without actions) and how many of its phase-2 choices were unsure."""
     state = _State(profile, hardware, budget_bytes, swap, recompute, swap_weight)
-    if state.any_over():
+    if state.estimate.any_over():
         _swap_phase(state)
         _hybrid_phase(state)
     methods = [ev.method for evs in state.evictions.values() for ev in evs.values()]
     unsure = sum(1 for tid, e, c in state.unsure_pairs if (e, c) in state.evictions.get(tid, {}))
     notes = {"swaps": methods.count(SWAP), "recomputes": methods.count(RECOMPUTE), "unsure_choices": unsure,
-             "estimate_over_budget_ops": int((state.est > budget_bytes).sum())}
+             "estimate_over_budget_ops": int(state.estimate.over().sum())}
     if not state.evictions:
         return Draft(notes=notes), None, unsure
     actions, result, feedback = _feedback(state, feedback_rounds, feedback_step)

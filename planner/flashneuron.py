@@ -22,9 +22,10 @@ was not available here to check it against):
   serialised on the read queue (from the last use backwards, each must end before the
   next one starts); a prefetch is issued after the last op that ideally ends by its
   start. Then, in order of use, it is issued no earlier than memory allows: not while
-  the estimated memory (no-swap memory, less every offloaded tensor from its offload to
-  its prefetch) plus the tensor would pass the budget; and never before the loss, before
-  its own offload, or before the prefetch ahead of it on the queue. Without the memory
+  the estimated memory (``planner.estimate``, shared with g10 and capuchin: no-swap
+  memory, less every offloaded tensor from its offload to its prefetch) plus the tensor
+  would pass the budget; and never before the loss, before its own offload, or before
+  the prefetch ahead of it on the queue. Without the memory
   and loss bounds, a slow SSD pulls the whole chain of prefetches back into the forward
   pass and refills memory at its peak (the plan then cannot run).
 
@@ -55,13 +56,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from simulator.api import Simulator
 from simulator.plan import Plan, offload, prefetch
 from simulator.compiled import link_speed
 
 from .analysis import op_start_us, touches, working_set
+from .estimate import MemoryEstimate
 from .lowering import OFFLOAD, PREFETCH, Step, issue_order
 from .registry import DEFAULT_OPTIONS, Draft, register
 
@@ -138,17 +138,17 @@ def prefetch_issue_ops(profile, hardware, chosen: list[Candidate], tier: str, lo
         next_start = start
         latest[c.tensor] = _last_op_ending_by(starts, start)
 
-    memory = np.array(profile.resident_bytes, dtype=np.int64)
+    estimate = MemoryEstimate(profile, budget_bytes)
     for c in chosen:
-        memory[c.after + 1:c.before] -= c.nbytes
+        estimate.remove(c.nbytes, c.after + 1, c.before)
     issue: dict[str, int] = {}
     queue_floor = loss
     for c in sorted(chosen, key=lambda c: (c.before, c.after, c.tensor)):
         after = min(max(latest[c.tensor], c.after, queue_floor), c.before - 1)
-        crowded = np.nonzero(memory[after + 1:c.before] + c.nbytes > budget_bytes)[0]
-        if len(crowded):
-            after = after + 1 + int(crowded[-1])
-        memory[after + 1:c.before] += c.nbytes
+        crowded = estimate.last_over(c.nbytes, after + 1, c.before)
+        if crowded is not None:
+            after = crowded
+        estimate.add(c.nbytes, after + 1, c.before)
         issue[c.tensor] = queue_floor = after
     return issue
 

@@ -111,10 +111,10 @@ import numpy as np
 
 from simulator.plan import drop, offload, prefetch
 from simulator.compiled import link_speed
-from simulator.units import us_to_ps
 
 from .analysis import idle_gaps, op_start_us, touches
 from .api import score
+from .estimate import MemoryEstimate
 from .lowering import PREFETCH, Step, issue_order, phase_of
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
 
@@ -416,26 +416,24 @@ def rule_tiers(interval: Interval, hardware, factor: float, use_ssd: bool) -> li
 
 
 class G10State:
-    """The greedy's state: estimated memory per kernel, link time and tier space left."""
+    """The greedy's state: estimated memory per kernel (the ``MemoryEstimate`` shared with
+    capuchin and flashneuron), link time and tier space left."""
 
     def __init__(self, profile, hardware, budget_bytes: int, rule_factor: float, use_ssd: bool):
         self.profile = profile
         self.hardware = hardware
-        self.budget = budget_bytes
         self.rule_factor = rule_factor
         self.use_ssd = use_ssd
         self.n = len(profile.ops)
         self.starts = op_start_us(profile)
         self.times = np.array([op.time_us for op in profile.ops], dtype=float)
-        self.memory = np.array(profile.resident_bytes, dtype=np.int64)
+        self.estimate = MemoryEstimate(profile, budget_bytes)
         self.links = LinkTime(self.times, hardware)
         self.space = TierSpace(self.n, hardware)
         self.demand_fetch = False  # fallback: prefetches that cannot be hidden start at the use
         self.demand_evict = False  # fallback: evictions that cannot be hidden count at once
         self.over_after_rules = False
         self.taken: dict[int, Move] = {}  # interval order -> its chosen move
-        self._over_sum: np.ndarray | None = None
-        self._times_ps = np.array([us_to_ps(op.time_us) for op in profile.ops], dtype=np.int64)
         tiers = ("host", "ssd") if hardware.ssd is not None else ("host",)
         self._rule_tiers: dict[int, list[str]] = {}
         self._speeds = {(direction, tier): link_speed(hardware, direction, tier)
@@ -453,9 +451,6 @@ class G10State:
         """A lone transfer's time: latency + bytes at the slowest link it crosses."""
         latency, rate = self._speeds[direction, tier]
         return latency + nbytes / rate
-
-    def over_budget(self) -> bool:
-        return bool(np.any(self.memory > self.budget))
 
     def allow_demand_fetch(self) -> None:
         self.demand_fetch = True
@@ -526,26 +521,13 @@ class G10State:
         finally:
             self.links.give_back(reservation)
 
-    def over_budget_us(self, lo: int, hi: int) -> float:
-        """Kernel time in [lo, hi) with the estimated memory over budget (a running sum,
-        rebuilt only after memory changed)."""
-        if hi <= lo:
-            return 0.0
-        if self._over_sum is None:   # in integer ps, so that a range with none over sums to exactly 0
-            over_ps = np.where(self.memory > self.budget, self._times_ps, 0)
-            self._over_sum = np.concatenate(([0], np.cumsum(over_ps)))
-        return float(self._over_sum[hi] - self._over_sum[lo]) / 1e6
-
     def over_in_span(self, interval: Interval) -> bool:
         """Is any kernel the interval could leave the GPU during over budget?"""
         if interval.after is None:
-            return self.over_budget_us(0, self.n) > 0
+            return self.estimate.over_us(0, self.n) > 0
         if interval.wraps:
-            return self.over_budget_us(interval.after + 1, self.n) + self.over_budget_us(0, interval.before) > 0
-        return self.over_budget_us(interval.after + 1, interval.before) > 0
-
-    def _memory_changed(self) -> None:
-        self._over_sum = None
+            return self.estimate.over_us(interval.after + 1, self.n) + self.estimate.over_us(0, interval.before) > 0
+        return self.estimate.over_us(interval.after + 1, interval.before) > 0
 
     def evaluate(self, interval: Interval) -> Move | None:
         """The move the rules choose for this interval now, with its benefit; None if
@@ -567,7 +549,7 @@ class G10State:
                 if move is None:
                     continue
                 away = move.away(self.n)
-                if sum(self.over_budget_us(lo, hi) for lo, hi in away) <= 0.0:
+                if sum(self.estimate.over_us(lo, hi) for lo, hi in away) <= 0.0:
                     continue
                 move.benefit = interval.nbytes * self.benefit_window_us(move)
                 return move
@@ -584,10 +566,10 @@ class G10State:
         """Over-budget time between the half-written and the half-read kernels."""
         iv = move.interval
         if iv.after is None:
-            return self.over_budget_us(0, self.n)
+            return self.estimate.over_us(0, self.n)
         if iv.wraps:
-            return self.over_budget_us(move.half_out, self.n) + self.over_budget_us(0, move.half_in + 1)
-        return self.over_budget_us(move.half_out, move.half_in + 1)
+            return self.estimate.over_us(move.half_out, self.n) + self.estimate.over_us(0, move.half_in + 1)
+        return self.estimate.over_us(move.half_out, move.half_in + 1)
 
     def advance(self, move: Move) -> Move | None:
         """Fallback: a chosen move whose transfers the link time placed so that the tensor
@@ -612,8 +594,7 @@ class G10State:
                 new = self.reschedule(move, at_once, at_use)
                 if new is None:
                     continue
-                gained = self.away_mask(new) & ~was_away & (self.memory > self.budget)
-                new.benefit = iv.nbytes * float(self.times[gained].sum())
+                new.benefit = iv.nbytes * self.estimate.over_us_at(self.away_mask(new) & ~was_away)
                 if new.benefit > 0 and (best is None or new.benefit > best.benefit):
                     best = new
         finally:
@@ -661,15 +642,13 @@ class G10State:
             self.links.give_back(old.evict_use)
             self.links.give_back(old.fetch_use)
             for lo, hi in old.away(self.n):
-                self.memory[lo:hi] += iv.nbytes
-            self._memory_changed()
+                self.estimate.add(iv.nbytes, lo, hi)
             move.replaces = None
         self.taken[iv.order] = move
         self.links.take(move.evict_use)
         self.links.take(move.fetch_use)
         for lo, hi in move.away(self.n):
-            self.memory[lo:hi] -= iv.nbytes
-        self._memory_changed()
+            self.estimate.remove(iv.nbytes, lo, hi)
 
     # -- eager prefetch
 
@@ -682,16 +661,15 @@ class G10State:
         earliest = 0 if iv.wraps else max(move.evict_end + 1, iv.after + 2)
         if earliest >= move.fetch_start:
             return
-        too_full = np.flatnonzero(self.memory[earliest:move.fetch_start] + iv.nbytes > limit_bytes)
-        start = earliest + (int(too_full[-1]) + 1 if too_full.size else 0)
+        too_full = self.estimate.last_over(iv.nbytes, earliest, move.fetch_start, limit_bytes)
+        start = earliest if too_full is None else too_full + 1
         if start == move.fetch_start:
             return
         links = move.fetch_use.links
         self.links.give_back(move.fetch_use)
         ran = self.links.forward(links, start, iv.before,
                                  self.transfer_us("prefetch", move.tier, iv.nbytes))
-        self.memory[start:move.fetch_start] += iv.nbytes
-        self._memory_changed()
+        self.estimate.add(iv.nbytes, start, move.fetch_start)
         move.fetch_start = start
         move.fetch_use = ran[2] if ran is not None else self.links.all_left(links, start, iv.before)
         self.links.take(move.fetch_use)
@@ -764,14 +742,14 @@ def g10_moves(profile, hardware, budget_bytes: int, rule_factor: float, eager_li
     state = G10State(profile, hardware, budget_bytes, rule_factor, use_ssd)
     intervals = candidate_intervals(profile, state.starts)
     choose_moves(state, intervals)
-    state.over_after_rules = state.over_budget()
+    state.over_after_rules = state.estimate.any_over()
     if fallback:
         # the tail only helps write-backs across the iteration boundary: every other
         # interval is where round 1 left it (its link time ends before the last kernel)
         write_backs = [iv for iv in intervals if iv.wraps and iv.updated]
         for widen, candidates in ((state.links.open_tail, write_backs), (state.allow_demand_fetch, intervals),
                                   (state.allow_demand_evict, intervals)):
-            if not state.over_budget():
+            if not state.estimate.any_over():
                 break
             widen()
             choose_moves(state, candidates)
@@ -785,12 +763,11 @@ def g10_moves(profile, hardware, budget_bytes: int, rule_factor: float, eager_li
 def g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback) -> Draft:
     moves, state = g10_moves(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback)
     actions, initial = to_actions(profile, moves)
-    over = state.memory > budget_bytes
     tiers = {tier: sum(1 for m in moves if m.tier == tier) for tier in ("ssd", "host")}
     return Draft(actions=actions, initial=initial,
                  notes={"moves": len(moves), "moves_by_tier": tiers,
                         "rules_alone_fit": not state.over_after_rules,
-                        "estimated_over_budget_us": float(state.times[over].sum())})
+                        "estimated_over_budget_us": state.estimate.over_us_at()})
 
 
 def better_by_simulation(profile, hardware, budget_bytes, drafts: list[Draft]) -> Draft:
