@@ -72,7 +72,7 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     form = Formulation(profile, hardware, budget, cands, one_offload_at_a_time=token)
     built = time.perf_counter() - started
     notes = {"candidates": len(cands), "columns": form.model.num_cols, "rows": form.model.num_rows,
-             "over_budget_ops": len(form.over_ops), "window": window, "build_seconds": round(built, 3)}
+             "over_budget_ops": len(form.over_ops), "window": window}   # no timings: plans stay byte-identical
     if not form.over_ops:
         return Draft(status="optimal", gap=0.0, estimate_us=profile.ideal_us, notes=notes)
     if form.uncovered:   # an op over the budget that no candidate interval can free memory at
@@ -93,7 +93,8 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     limit = max(1.0, deadline - time.perf_counter())
     options.say(f"MILP: {form.model.num_cols} columns, {form.model.num_rows} rows; solving (limit {limit:.0f} s)")
     solution = form.model.solve(limit, options.threads, options.seed, gap, start=start)
-    notes.update(solve_seconds=round(time.perf_counter() - started - built, 3), solver=solution.model_status,
+    options.say(f"MILP solved in {time.perf_counter() - started - built:.1f} s: {solution.model_status}")
+    notes.update(solver=solution.model_status,
                  mip_gap=solution.gap, model_bound_us=None if solution.bound is None else solution.bound / 1e-3)
     backup = fallback()
     backup_result = score(profile, hardware, budget, backup.actions, backup.initial)
