@@ -311,6 +311,105 @@ def _print_result(profile_name: str, hardware_name: str, result, bound: dict | N
             f"{op} {format_us(s['data_us'] + s['memory_us'])}" for op, s in worst))
 
 
+# ----------------------------------------------------------------------------- replay
+
+
+def _scale(ctx, param, value):
+    """auto, or a number above 0 (InputError otherwise: exit 2, one line)."""
+    if value is None or value.strip().lower() == "auto":
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise InputError("<argument>", f"--{param.name.replace('_', '-')}",
+                         f"expected a number above 0 or auto, got {value!r}") from None
+    return number
+
+
+@app.command("replay")
+@click.argument("profile")
+@click.argument("plan")
+@click.option("--backend", type=click.Choice(["host", "cuda"]), default="host", show_default=True,
+              help="host: an emulation on the CPU in real time (threads, a memory region, a file for the "
+                   "SSD); cuda: a real GPU through CuPy (needs the cuda extra and a GPU).")
+@click.option("--hardware", "hardware_name", default=None,
+              help="Preset or hardware file [default: the plan's hardware, else the profile's roofline "
+                   "preset, else a100-40gb-pcie4].")
+@click.option("--budget", default=None,
+              help="GPU memory budget: 8GiB, 512MB, or 60% of the no-swap peak [default: the plan's, "
+                   "else the GPU's memory].")
+@click.option("--time-scale", "time_scale", default="auto", callback=_scale, show_default=True,
+              help="Real seconds per simulated second [auto: host about 3 s of real time in all, cuda 1].")
+@click.option("--size-scale", "size_scale", default="auto", callback=_scale, show_default=True,
+              help="Real bytes per profile byte, at most 1 [auto: host a GPU region of at most 64 MiB "
+                   "that can be checked in time, cuda 1].")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def replay_cmd(profile, plan, backend, hardware_name, budget, time_scale, size_scale, as_json) -> None:
+    """Replay one iteration of PLAN for real and compare it with the simulation.
+
+    Every tensor is filled with a pattern of its id and version when produced and
+    checked at every use and after every copy; a mismatch, a use before arrival or a
+    budget overrun stops the replay with one line naming the op and tensor. Exit
+    status: 0 the replay ran and every check passed, 1 the plan failed at replay, 2 bad
+    input (a missing CuPy or GPU for --backend cuda included).
+    """
+    from executor.api import replay
+    from simulator.units import parse_budget
+
+    loaded = catalog.open_profile(profile)
+    loaded_plan = load_plan(plan)
+    hardware = _hardware(hardware_name, loaded_plan, loaded)
+    budget_bytes = parse_budget(budget, loaded.peak_bytes) if budget is not None else None
+    report = replay(loaded, loaded_plan, hardware, budget_bytes, backend=backend, time_scale=time_scale,
+                    size_scale=size_scale)
+    if as_json:
+        _echo_json(report)
+    else:
+        _print_replay(report)
+    if not report["ok"]:
+        click.echo("replay failed: " + _one_line(report["failure"]["message"]), err=True)
+        raise click.exceptions.Exit(1)
+    if not report["predicted"]["valid"] or not report["predicted"]["feasible"]:
+        _note(f"the simulator finds this plan {'invalid' if not report['predicted']['valid'] else 'infeasible'}: "
+              f"{report['predicted']['rule']}: {report['predicted']['reason']}")
+
+
+def _print_replay(r: dict) -> None:
+    status = "ok" if r["ok"] else "FAILED"
+    click.echo(f"replay of {r['planner']}'s plan for {r['profile']} on {r['hardware']}, budget "
+               f"{format_bytes(r['budget_bytes'])}: {status}")
+    click.echo(f"  {r['backend']} backend, time x{r['time_scale']:g}, size x{r['size_scale']:g}; "
+               f"{r['wall_s']:.2f} s of real time")
+
+    def err(value):
+        return "" if value is None else f"{value * 100:+.2f}%"
+
+    def us(value):
+        return "-" if value is None else format_us(value)
+
+    rows = [["iteration", format_us(r["iteration_us"]), us(r["predicted_us"]), err(r["relative_error"])],
+            ["compute", format_us(r["compute_us"]), us(r["predicted_compute_us"]), ""],
+            ["stalls", format_us(r["stall_us"]), us(r["predicted_stall_us"]), ""],
+            ["tail", format_us(r["tail_us"]), us(r["predicted_tail_us"]), ""],
+            ["peak", format_bytes(r["peak_bytes"]),
+             "-" if r["predicted_peak_bytes"] is None else format_bytes(r["predicted_peak_bytes"]),
+             err(r["peak_relative_error"])]]
+    for link, nbytes in r["link_bytes"].items():
+        predicted = (r["predicted_link_bytes"] or {}).get(link)
+        if nbytes or predicted:
+            rows.append([link, format_bytes(nbytes), "-" if predicted is None else format_bytes(predicted),
+                         err((r["link_relative_error"] or {}).get(link))])
+    _table(None, ["", "measured", "predicted", "error"], rows, right={1, 2, 3})
+    click.echo(f"  region     {format_bytes(r['arena_bytes'])}: peak {format_bytes(r['peak_arena_bytes'])} live, "
+               f"extent {format_bytes(r['peak_extent_bytes'])}, fragmentation {r['fragmentation']:.3f}"
+               + (f", {r['compactions']} compactions" if r["compactions"] else ""))
+    click.echo(f"  integrity  {r['integrity']}")
+    if r["late_us"] > 0.01 * max(r["iteration_us"], 1e-9):
+        click.echo(f"  note: the checks of {r['late_items']} items outlasted their scaled time by "
+                   f"{format_us(r['late_us'])} in all (a smaller --size-scale or a larger --time-scale makes "
+                   "them fit)")
+
+
 # ----------------------------------------------------------------------------- trace
 
 

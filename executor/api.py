@@ -1,0 +1,185 @@
+"""``replay``: run one iteration of a plan for real and set it beside the simulation.
+
+The plan is read as a runtime reads it (executor/program.py), run by the one scheduler
+(executor/scheduler.py) on a backend (executor/host.py, executor/cuda.py), and the
+figures it measured are reported beside the simulator's prediction for the same
+profile, plan, machine and budget, each with its relative error.
+"""
+from __future__ import annotations
+
+import math
+
+from simulator.api import simulate
+from simulator.compiled import LINKS, compile_machine
+from simulator.engine import resolve_budget
+from simulator.errors import InputError
+from simulator.hardware import Hardware
+from simulator.plan import Plan, check_plan
+from simulator.profile import Profile
+
+from .arena import align
+from .pattern import Patterns
+from .program import lower
+from .scheduler import ReplayFailure, Scheduler, scaled_bytes
+
+BACKENDS = ("host", "cuda")
+TARGET_WALL_S = 3.0            # the host backend's auto time scale aims at this much real time
+REGION_CAP_BYTES = 64 * 2**20  # ... and its auto size scale keeps the GPU region under this
+CHECK_RATE = 0.5e9             # bytes/s of the checks' budget per unit of time scale (see auto_scales)
+
+
+def auto_scales(backend: str, hardware: Hardware, budget: int, base_us: float,
+                time_scale: float | None, size_scale: float | None) -> tuple[float, float]:
+    """The scales a replay runs at, when not given.
+
+    cuda: 1 and 1 (the real machine, real sizes). host: the time scale stretches the
+    predicted iteration to about 3 s of real time (so sleep and wake-up jitter, tens of
+    microseconds, stay far below 1%); the size scale is the largest that keeps the GPU
+    region under 64 MiB and the checks cheap: a memory-bound kernel touches its bytes at
+    the GPU's HBM rate, and its scaled bytes must be checked and written on one CPU core
+    in its scaled time, so size_scale <= time_scale * 0.5 GB/s / HBM rate keeps the
+    checks at about 1/16 of the kernel's time on a core that checks 8 GB/s.
+    """
+    if backend == "cuda":
+        return time_scale or 1.0, size_scale or 1.0
+    if time_scale is None:
+        time_scale = _round(TARGET_WALL_S * 1e6 / base_us) if base_us > 0 else 1.0
+    if size_scale is None:
+        size_scale = min(1.0, time_scale * CHECK_RATE / (hardware.gpu.hbm_gbps * 1e9))
+        if budget > 0:
+            size_scale = min(size_scale, REGION_CAP_BYTES / budget)
+        size_scale = _round(size_scale)
+    return time_scale, size_scale
+
+
+def _round(x: float) -> float:
+    """Three significant digits, rounded down (never above the cap it came from)."""
+    digits = 2 - math.floor(math.log10(x))
+    return math.floor(x * 10**digits) / 10**digits
+
+
+def replay(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None = None,
+           backend: str = "host", time_scale: float | None = None, size_scale: float | None = None,
+           timeout_s: float | None = None, tmpdir: str | None = None) -> dict:
+    """Replay ``plan`` on ``backend`` and return the report (see docs/executor.md).
+
+    InputError for bad input (a plan for another profile, unknown ids, a budget above
+    the GPU's memory, scales that are not positive, no CUDA for ``cuda``). A plan that
+    fails at replay is a report with ``ok`` False and ``failure`` saying where.
+    """
+    if backend not in BACKENDS:
+        raise InputError("<argument>", "--backend", f"must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    for name, value in (("--time-scale", time_scale), ("--size-scale", size_scale)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise InputError("<argument>", name, f"must be a number above 0, got {value}")
+    if size_scale is not None and size_scale > 1:
+        raise InputError("<argument>", "--size-scale", f"must be at most 1, got {size_scale}")
+    machine = compile_machine(hardware)
+    check_plan(plan, profile, machine.has_ssd)
+    budget = resolve_budget(budget_bytes, plan, hardware)
+    predicted = simulate(profile, plan, hardware, budget)
+    base_us = predicted.iteration_us if predicted.ok else profile.ideal_us
+    time_scale, size_scale = auto_scales(backend, hardware, budget, base_us, time_scale, size_scale)
+    runtime = lower(profile, plan, hardware)
+    largest = max((t.bytes for t in profile.tensors), default=0)
+    patterns = Patterns(align(math.ceil(largest * size_scale)) // 8 + 1)
+    region = align(math.ceil(budget * size_scale)) + 8 * (len(profile.tensors) + 2)
+    try:
+        engine = _backend(backend, runtime, profile, plan, time_scale, size_scale, patterns, region, tmpdir)
+    except MemoryError:
+        raise InputError("<argument>", "--size-scale", f"a GPU region of {region} bytes (the budget x {size_scale:g}) "
+                         "does not fit in this machine's memory: give a smaller --size-scale") from None
+    scheduler = Scheduler(runtime, engine, budget, time_scale, size_scale, region, patterns, hardware.gpu.hbm_gbps)
+    if timeout_s is None:
+        timeout_s = 60.0 + 4 * base_us * 1e-6 * time_scale
+    failure = None
+    try:
+        scheduler.place_start()
+        scheduler.run(timeout_s)
+    except ReplayFailure as exc:
+        failure = exc
+    finally:
+        engine.close()
+    return _report(profile, plan, hardware, backend, budget, time_scale, size_scale, scheduler, predicted, failure)
+
+
+def _backend(backend, runtime, profile, plan, time_scale, size_scale, patterns, region, tmpdir):
+    if backend == "cuda":
+        from .cuda import CudaBackend
+        host_tensors = {a.tensor: scaled_bytes(profile.tensor_by_id[a.tensor].bytes, size_scale)
+                        for a in plan.actions if "host" in (a.to, a.source)}
+        host_tensors.update((tid, scaled_bytes(profile.tensor_by_id[tid].bytes, size_scale))
+                            for tid, tier in plan.initial.items() if tier == "host")
+        checks = sum(len(r) + len(u) for r, u in zip(runtime.reads, runtime.updates)) \
+            + len(runtime.copies) + len(profile.tensors) + 16
+        return CudaBackend(runtime.link_capacity, time_scale, patterns, region, tmpdir, host_tensors, checks,
+                           len(runtime.seq))
+    from .host import HostBackend
+    return HostBackend(runtime.link_capacity, time_scale, patterns, region, tmpdir)
+
+
+def _error(measured: float, predicted: float | None) -> float | None:
+    if predicted is None:
+        return None
+    if predicted == 0:
+        return 0.0 if measured == 0 else None
+    return measured / predicted - 1.0
+
+
+def _report(profile, plan, hardware, backend, budget, time_scale, size_scale, scheduler, predicted,
+            failure: ReplayFailure | None) -> dict:
+    measured = scheduler.summary()
+    ok = failure is None
+    sim = predicted if predicted.ok else None
+
+    def pred(name):
+        return getattr(sim, name) if sim is not None else None
+
+    predicted_links = dict(predicted.link_bytes) if sim is not None else None
+    report = {
+        "profile": profile.name,
+        "hardware": hardware.name,
+        "planner": plan.planner.name,
+        "backend": backend,
+        "budget_bytes": budget,
+        "time_scale": time_scale,
+        "size_scale": size_scale,
+        "ok": ok,
+        "integrity": "ok" if ok else failure.message,
+        "failure": None if ok else failure.to_dict(),
+        "iteration_us": measured["iteration_us"],
+        "predicted_us": pred("iteration_us"),
+        "relative_error": _error(measured["iteration_us"], pred("iteration_us")) if ok else None,
+        "compute_us": measured["compute_us"],
+        "predicted_compute_us": pred("compute_us"),
+        "stall_us": measured["stall_us"],
+        "predicted_stall_us": pred("stall_us"),
+        "tail_us": measured["tail_us"],
+        "predicted_tail_us": pred("tail_us"),
+        "peak_bytes": measured["peak_bytes"],
+        "predicted_peak_bytes": pred("peak_bytes"),
+        "peak_relative_error": _error(measured["peak_bytes"], pred("peak_bytes")) if ok else None,
+        "peak_arena_bytes": measured["peak_arena_bytes"],
+        "peak_extent_bytes": measured["peak_extent_bytes"],
+        "arena_bytes": measured["arena_bytes"],
+        "fragmentation": measured["fragmentation"],
+        "link_bytes": measured["link_bytes"],
+        "predicted_link_bytes": predicted_links,
+        "link_relative_error": ({link: _error(measured["link_bytes"][link], predicted_links[link])
+                                 for link in LINKS} if predicted_links is not None and ok else None),
+        "busy_us": measured["busy_us"],
+        "host_peak_bytes": measured["host_peak_bytes"],
+        "ssd_peak_bytes": measured["ssd_peak_bytes"],
+        "wall_s": measured["wall_s"],
+        "late_items": measured["late_items"],
+        "late_us": measured["late_us"],
+        "hole_waits": measured["hole_waits"],
+        "compactions": measured["compactions"],
+        "compacted_bytes": measured["compacted_bytes"],
+        "compaction_us": measured["compaction_us"],
+        "transfers": len(scheduler.rt.copies),
+        "recomputes": sum(1 for tid in scheduler.seq.recomputed if tid is not None),
+        "predicted": {"valid": predicted.valid, "feasible": predicted.feasible, "rule": predicted.rule,
+                      "op": predicted.op, "tensor": predicted.tensor, "reason": predicted.reason},
+    }
+    return report
