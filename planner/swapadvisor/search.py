@@ -16,9 +16,9 @@ from .schedule import Dag, eager_order
 ELITE = 2               # the best individuals pass to the next generation unchanged
 CROSSOVER = 0.9         # the share of children made by crossover (the rest copy a parent)
 SIGMA = 0.15            # a mutated gene moves by a normal step of this size
-EVAL_SHARE = 0.25       # the share of the time limit the evaluation budget is planned for
+EVAL_SHARE = 0.5        # the share of the time limit the evaluation budget is planned for
 NOMINAL_MS = 2.0        # the cost model of decoding and scoring one chromosome: NOMINAL_MS
-NOMINAL_US_PER_OP = 40.0  # + NOMINAL_US_PER_OP x ops (about twice what it takes on one core)
+NOMINAL_US_PER_OP = 40.0  # + NOMINAL_US_PER_OP x ops (about 3x what one idle core takes)
 DEFAULT_TIME_LIMIT = 60.0
 SEEDS = "g10,capuchin,lms"
 
