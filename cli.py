@@ -221,15 +221,20 @@ def synth(model, layers, width, batch, seq, dtype, hardware_name, output) -> Non
 # ----------------------------------------------------------------------------- simulate
 
 
+# --hardware and --budget of the commands that take a plan (simulate, replay)
+_plan_hardware = click.option("--hardware", "hardware_name", default=None,
+                              help="Preset or hardware file [default: the plan's hardware, else the profile's "
+                                   "roofline preset, else a100-40gb-pcie4].")
+_plan_budget = click.option("--budget", default=None,
+                            help="GPU memory budget: 8GiB, 512MB, or 60% of the no-swap peak [default: the "
+                                 "plan's, else the GPU's memory].")
+
+
 @app.command()
 @click.argument("profile")
 @click.argument("plan", required=False)
-@click.option("--hardware", "hardware_name", default=None,
-              help="Preset or hardware file [default: the plan's hardware, else the profile's roofline "
-                   "preset, else a100-40gb-pcie4].")
-@click.option("--budget", default=None,
-              help="GPU memory budget: 8GiB, 512MB, or 60% of the no-swap peak [default: the plan's, "
-                   "else the GPU's memory].")
+@_plan_hardware
+@_plan_budget
 @click.option("--timeline", "timeline_out", default=None, help="Write a Chrome trace (Perfetto) JSON here.")
 @click.option("--plot", "plot_out", default=None, help="Write a PNG of GPU memory over time here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the Result as JSON.")
@@ -332,12 +337,8 @@ def _scale(ctx, param, value):
 @click.option("--backend", type=click.Choice(["host", "cuda"]), default="host", show_default=True,
               help="host: an emulation on the CPU in real time (threads, a memory region, a file for the "
                    "SSD); cuda: a real GPU through CuPy (needs the cuda extra and a GPU).")
-@click.option("--hardware", "hardware_name", default=None,
-              help="Preset or hardware file [default: the plan's hardware, else the profile's roofline "
-                   "preset, else a100-40gb-pcie4].")
-@click.option("--budget", default=None,
-              help="GPU memory budget: 8GiB, 512MB, or 60% of the no-swap peak [default: the plan's, "
-                   "else the GPU's memory].")
+@_plan_hardware
+@_plan_budget
 @click.option("--time-scale", "time_scale", default="auto", callback=_scale, show_default=True,
               help="Real seconds per simulated second [auto: host about 3 s of real time in all, cuda 1].")
 @click.option("--size-scale", "size_scale", default="auto", callback=_scale, show_default=True,

@@ -42,7 +42,7 @@ import numpy as np
 from simulator.compiled import STREAMS
 from simulator.errors import InputError
 
-from .pattern import K, Patterns
+from .pattern import K, Patterns, check_lower_copy
 from .scheduler import Block, CopyWork, ItemWork
 
 BOUNCE = 8 * 2**20      # bytes of the pinned bounce buffer of each SSD stream
@@ -253,16 +253,8 @@ class CudaBackend:
         return self._found(slot, block)
 
     def check_copy(self, tid: str, tier: str, nbytes: int, seed: int) -> str | None:
-        if tier == "host":
-            data = self.host.get(tid)
-            if data is None:
-                return "no host buffer"
-            return self.patterns.check(data[:nbytes].view(np.uint64), 0, seed)
-        data = np.empty(nbytes, dtype=np.uint8)
-        got = os.preadv(self.fd, [data], self.ssd_slot.get(tid, 0))
-        if got != nbytes:
-            return f"a short SSD read ({got} of {nbytes} bytes)"
-        return self.patterns.check(data.view(np.uint64), 0, seed)
+        host = self.host.get(tid) if tier == "host" else False
+        return check_lower_copy(self.patterns, host, self.fd, self.ssd_slot.get(tid, 0), nbytes, seed)
 
     # ------------------------------------------------------------------ streams
 

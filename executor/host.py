@@ -37,7 +37,7 @@ import numpy as np
 from simulator.compiled import STREAMS
 
 from .links import LinkBoard
-from .pattern import Patterns
+from .pattern import Patterns, check_lower_copy
 from .scheduler import Block, CopyWork, ItemWork
 
 CHUNK = 64 * 1024     # bytes a copy moves at a time (and may run ahead of its credit)
@@ -107,16 +107,8 @@ class HostBackend:
         return self.patterns.check(self._gpu(block), 0, block.seed)
 
     def check_copy(self, tid: str, tier: str, nbytes: int, seed: int) -> str | None:
-        if tier == "host":
-            data = self.host.get(tid)
-            if data is None:
-                return "no host buffer"
-            return self.patterns.check(data.view(np.uint64), 0, seed)
-        data = np.empty(nbytes, dtype=np.uint8)
-        got = os.preadv(self.fd, [data], self.ssd_slot.get(tid, 0))
-        if got != nbytes:
-            return f"a short SSD read ({got} of {nbytes} bytes)"
-        return self.patterns.check(data.view(np.uint64), 0, seed)
+        host = self.host.get(tid) if tier == "host" else False
+        return check_lower_copy(self.patterns, host, self.fd, self.ssd_slot.get(tid, 0), nbytes, seed)
 
     # ------------------------------------------------------------------ streams
 

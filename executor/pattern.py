@@ -9,6 +9,8 @@ torn copy). A shifted copy fails too, since every word depends on its position.
 """
 from __future__ import annotations
 
+import os
+
 import hashlib
 
 import numpy as np
@@ -50,3 +52,18 @@ class Patterns:
         found = self.known.get(found_seed)
         what = f"{found[0]} version {found[1]}" if found else "unrecognised data"
         return f"{what} at byte {8 * (first + bad)}"
+
+
+def check_lower_copy(patterns: "Patterns", host_data, fd: int, offset: int, nbytes: int, seed: int) -> str | None:
+    """Check a tensor's copy in host memory (``host_data``, None when there is none) or,
+    for ``host_data`` of False, on the SSD file ``fd`` at ``offset``: None if intact,
+    else what is wrong. Both backends keep their lower tiers the same way."""
+    if host_data is not False:
+        if host_data is None:
+            return "no host buffer"
+        return patterns.check(host_data[:nbytes].view(np.uint64), 0, seed)
+    data = np.empty(nbytes, dtype=np.uint8)
+    got = os.preadv(fd, [data], offset)
+    if got != nbytes:
+        return f"a short SSD read ({got} of {nbytes} bytes)"
+    return patterns.check(data.view(np.uint64), 0, seed)
