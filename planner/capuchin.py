@@ -116,6 +116,7 @@ from simulator.compiled import link_speed
 
 from .analysis import op_start_us, touches
 from .api import score
+from .lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from .estimate import MemoryEstimate
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
 
@@ -741,23 +742,22 @@ def _actions(state: _State) -> list[Action]:
     recomputes, per op in producer order (a chain's sources first)."""
     ops = state.profile.ops
     producer = state.profile.producer
-    issued: list[tuple] = []
+    steps: list[Step] = []
     redo: list[tuple] = []
     for tid in sorted(state.evictions):
         for ev in state.evictions[tid].values():
             e_id, c_id = ops[ev.after].id, ops[ev.before].id
+            if ev.method == RECOMPUTE or ev.reuse_copy:
+                steps.append(Step(ev.after, DROP, ev.before, (ev.before, tid), drop(tid, e_id)))
+            else:
+                steps.append(Step(ev.after, OFFLOAD, ev.before, ev.out_key[2], offload(tid, e_id, "host")))
             if ev.method == RECOMPUTE:
-                issued.append(((ev.after, 0, ev.before, tid), drop(tid, e_id)))
                 redo.append(((ev.before, producer[tid], tid), recompute(tid, c_id)))
             else:
-                if ev.reuse_copy:
-                    issued.append(((ev.after, 0, ev.before, tid), drop(tid, e_id)))
-                else:
-                    issued.append((ev.out_key, offload(tid, e_id, "host")))
-                issued.append((ev.in_key, prefetch(tid, ops[ev.trigger].id, c_id, "host")))
-    issued.sort(key=lambda x: x[0])
+                steps.append(Step(ev.trigger, PREFETCH, ev.before, ev.in_key[2],
+                                  prefetch(tid, ops[ev.trigger].id, c_id, "host")))
     redo.sort(key=lambda x: x[0])
-    return [a for _, a in issued] + [a for _, a in redo]
+    return issue_order(steps, fifo=True) + [a for _, a in redo]
 
 
 def _simulate(state: _State):

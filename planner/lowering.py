@@ -34,6 +34,9 @@ def phase_of(action: Action) -> int:
     return {"drop": DROP, "offload": OFFLOAD, "prefetch": PREFETCH}[action.kind]
 
 
-def issue_order(steps: list[Step]) -> list[Action]:
-    """The actions of ``steps`` in the order a runtime issues them."""
-    return [step.action for step in sorted(steps, key=Step.key)]
+def issue_order(steps: list[Step], fifo: bool = False) -> list[Action]:
+    """The actions of ``steps`` in the order a runtime issues them. ``fifo``: at one op
+    and phase, in the planner's own order (the order its copy-queue model took them in)
+    instead of by the op they serve."""
+    key = (lambda step: (step.at, step.phase, step.order)) if fifo else Step.key
+    return [step.action for step in sorted(steps, key=key)]
