@@ -291,7 +291,7 @@ def save_plan(plan: Plan, path: str | Path) -> None:
 
 def check_plan(plan: Plan, profile: Profile, has_ssd: bool = True) -> None:
     """Check a plan's structure against its profile: what makes it an input error rather
-    than a plan that breaks a rule (SIMULATION.md: rule breaks are results).
+    than a plan that breaks a rule (docs/simulation.md: rule breaks are results).
 
     Raises InputError naming the plan's file, the field and the problem for: a profile
     sha256 that does not match, an unknown tensor or op, a schedule that is not a

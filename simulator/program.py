@@ -1,6 +1,6 @@
 """Compile a plan against a profile into the flat program the engine runs.
 
-Compiling decides everything that does not depend on timing (SIMULATION.md: "validity
+Compiling decides everything that does not depend on timing (docs/simulation.md: "validity
 is decided from the plan alone, never from timing"): the schedule (R21), the compute
 sequence (R5), last uses (R8), offload windows (R11), and every rule about residency
 (R11-R16, R20). A broken rule raises ``PlanInvalid`` naming the rule, the op and the

@@ -1,4 +1,4 @@
-"""Result: what one simulation of a plan found (stable field names, SIMULATION.md)."""
+"""Result: what one simulation of a plan found (stable field names, docs/simulation.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
