@@ -609,9 +609,10 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_li
                    "(8GiB); capped at the GPU's memory.")
 @click.option("--hardware", "hardware_names", multiple=True,
               help="Preset or hardware file (repeatable) [default: each profile's own, as for plan].")
-@click.option("--time-limit", type=click.FloatRange(min=0.1, max=86400.0), default=600.0, show_default=True,
-              help="Seconds per cell: planners that can stop early get this; a cell still running at "
-                   "1.5x + 1 s is stopped and recorded as a timeout.")
+@click.option("--time-limit", type=click.FloatRange(min=0.1, max=86400.0), default=None,
+              help="Seconds per cell: planners that search (ILP, genetic) get this; a cell still running at "
+                   "1.5x + 1 s is stopped and recorded as a timeout [default: each planner's own, 60 s for "
+                   "the searching ones; a cell is stopped after 15 minutes].")
 @click.option("--jobs", type=click.IntRange(1, 256), default=None,
               help="Local processes [default: the CPU count, at most the cells to run].")
 @click.option("--dask", "dask_address", default=None, metavar="ADDRESS",

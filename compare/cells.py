@@ -66,17 +66,21 @@ class CellTimeout(Exception):
     """The cell ran past its time limit."""
 
 
-def hard_limit_s(time_limit: float | None) -> float | None:
+UNLIMITED_CELL_S = 900.0   # without a time limit a cell is still stopped after 15 minutes
+
+
+def hard_limit_s(time_limit: float | None) -> float:
     """When a running cell is stopped: planners that can stop early get ``time_limit``
-    itself; anything still running at 1.5x + 1 s is cut off and recorded as a timeout."""
-    return None if time_limit is None else 1.5 * time_limit + 1.0
+    itself (None: their own default, 60 s for the searching ones); anything still
+    running at 1.5x + 1 s (or after UNLIMITED_CELL_S) is cut off, recorded as a timeout."""
+    return UNLIMITED_CELL_S if time_limit is None else 1.5 * time_limit + 1.0
 
 
 @contextmanager
-def _deadline(seconds: float | None):
+def _deadline(seconds: float):
     """Raise CellTimeout in this thread after ``seconds`` (main thread only: a Dask
     worker's thread runs on, bounded by the planner's own time limit)."""
-    if seconds is None or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
 
@@ -140,7 +144,8 @@ def run_cell(cell: Cell) -> tuple[dict, str | None]:
         return row, None
     except CellTimeout:
         row.update(status=TIMEOUT, planning_seconds=round(time.perf_counter() - started, 3),
-                   error=f"stopped after {hard_limit_s(cell.time_limit):g} s (time limit {cell.time_limit:g} s)")
+                   error=f"stopped after {hard_limit_s(cell.time_limit):g} s" +
+                   (f" (time limit {cell.time_limit:g} s)" if cell.time_limit is not None else ""))
         return row, None
     except SwapplanError as exc:
         row.update(status=ERROR, error=exc.line() if isinstance(exc, InputError) else str(exc))
