@@ -146,8 +146,8 @@ def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, win
 
 @register(
     "tmof",
-    "TMOF (HPCA'23), in spirit: host-only swap MILP with the two PCIe directions overlapping "
-    "and never two offloads in flight at once (channel-contention avoidance).",
+    "TMOF (HPCA'23), in spirit: host-only swap MILP with the two PCIe directions overlapping; "
+    "its channel-contention token (one offload in flight) optional.",
     params=(Param("window", 20, "ops before / after a use within which a move may run", low=1, high=4096),
             Param("token", False, "TMOF's contention avoidance as a constraint: never two offloads in flight "
                                   "in one step (FIFO streams already serialise them; this also forbids issuing "
