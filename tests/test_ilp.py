@@ -120,3 +120,22 @@ def test_the_start_solution_is_feasible_in_the_model():
         activity = float(np.dot(value, x[index]))
         assert m.row_lower[row] - 1e-9 <= activity <= m.row_upper[row] + 1e-9
     assert x[form.T:form.T + form.n].sum() >= profile.ideal_us * MS - 1e-9
+
+
+def test_joint_recomputes_where_a_copy_would_cost_more():
+    # a 0.1 B/us link: moving b costs 600 us each way; recomputing it (f1, 10 us) is cheaper
+    profile, hw = tiny(), machine(h2d=0.0001, d2h=0.0001)
+    planned = make_plan(profile, hw, 163, "joint", options=RunOptions(time_limit=20, threads=1))
+    kinds = [(a.kind, a.tensor) for a in planned.plan.actions]
+    assert ("recompute", "b") in kinds and ("drop", "b") in kinds and not any(k == "offload" for k, _ in kinds)
+    notes = planned.plan.planner.notes
+    assert planned.result.ok and planned.plan.planner.status == "optimal" and notes["recomputed"] == 1
+    assert planned.result.iteration_us == pytest.approx(notes["model_objective_us"], rel=0.02)
+
+
+def test_joint_never_reads_a_source_inside_its_moved_interval(transformer):
+    profile, hw = transformer
+    budget = int(0.8 * profile.peak_bytes)
+    planned = make_plan(profile, hw, budget, "joint", options=RunOptions(time_limit=20, threads=1))
+    assert planned.result.valid and planned.result.ok
+    assert planned.result.iteration_us <= make_plan(profile, hw, budget, "capuchin").result.iteration_us * (1 + 1e-9)

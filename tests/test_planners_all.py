@@ -36,7 +36,7 @@ VARIANTS = [(spec.name, {}) for spec in planners()] + [
 # Planners that search until a time limit (the MILPs, the GA): here on the synthetic
 # profiles only, with a short limit; their own tests (tests/test_ilp.py,
 # tests/test_swapadvisor.py) cover real profiles, solver status and determinism.
-SEARCHING = {"autotm", "tmof", "swapadvisor"}
+SEARCHING = {"autotm", "tmof", "joint", "swapadvisor"}
 QUICK = RunOptions(time_limit=3.0, threads=1)
 
 CASES = [(name, planner, params) for name in PROFILES for planner, params in VARIANTS] + \

@@ -99,6 +99,49 @@ def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tupl
     return found
 
 
+@dataclass(frozen=True)
+class Recompute:
+    """An idle interval of ``tensor`` (after op ``after``, before op ``before``) that may
+    be dropped after ``after`` and recomputed just before ``before`` (R14, R15), at the
+    cost of its producer's time; ``sources`` are its producer's non-persistent inputs,
+    which must be on the GPU at ``before``."""
+    tensor: str
+    nbytes: int
+    after: int
+    before: int
+    cost_us: float
+    sources: tuple[str, ...]
+
+
+def recomputes(profile: Profile, budget: int, min_bytes: int = 1) -> list[Recompute]:
+    """Every idle interval over an op over the budget whose tensor R15 lets the plan
+    recompute from sources still alive at its next use: its producer updates nothing
+    in place, nothing updates it, and each non-persistent source lives until then and
+    is not updated after the producer read it."""
+    resident = np.asarray(profile.resident_bytes, dtype=np.int64)
+    min_bytes = max(min_bytes, int((resident.max() - budget) * SMALL)) if resident.max() > budget else min_bytes
+    over = np.concatenate(([0], np.cumsum(resident > budget)))
+    tensors = profile.tensor_by_id
+    found = []
+    for tensor in profile.tensors:
+        made_by = profile.producer[tensor.id]
+        if tensor.persistent or tensor.bytes < max(1, min_bytes) or made_by is None:
+            continue
+        producer = profile.ops[made_by]
+        if producer.updates or profile.updaters[tensor.id]:
+            continue
+        sources = tuple(dict.fromkeys(t for t in producer.inputs if not tensors[t].persistent))
+        for gap in idle_gaps(profile, tensor.id):
+            a, b = gap.after, gap.before
+            if over[b] - over[a + 1] == 0:
+                continue
+            if any(profile.last_use[t] is None or profile.last_use[t] < b
+                   or any(made_by < u <= b for u in profile.updaters[t]) for t in sources):
+                continue
+            found.append(Recompute(tensor.id, tensor.bytes, a, b, producer.time_us, sources))
+    return found
+
+
 def link_shares(hardware, tier: str, direction: str) -> dict[str, float]:
     """Link time per us of a copy's stream time, on each link a copy to or from ``tier``
     crosses (bytes / link bandwidth over latency + bytes / rate, taken at its bytes:
@@ -127,8 +170,9 @@ class Formulation:
     adds TMOF's token (no two offloads in flight in any step)."""
 
     def __init__(self, profile: Profile, hardware, budget: int, cands: list[Candidate],
-                 one_offload_at_a_time: bool = False):
+                 one_offload_at_a_time: bool = False, redo: list[Recompute] = ()):
         self.profile, self.hardware, self.budget, self.cands = profile, hardware, budget, cands
+        self.redo = list(redo)
         n = len(profile.ops)
         self.n = n
         self.times = np.array([op.time_us for op in profile.ops], dtype=float)
@@ -144,7 +188,9 @@ class Formulation:
             v = model.add_vars(len(c.in_steps), upper=c.in_us * MS)
             self.cols.append(Columns(Y, Z, u, v))
             self._interval_rows(c, Columns(Y, Z, u, v))
+        self.Q = model.add_vars(len(self.redo), upper=1.0, integer=True)   # recompute interval k
         self._exclusive_tiers()
+        self._recompute_rows()
         self._memory_rows()
         self._step_rows()
         if one_offload_at_a_time:
@@ -192,10 +238,33 @@ class Formulation:
         """An interval moves to one tier at most."""
         by_interval: dict[tuple, list[int]] = {}
         for k, c in enumerate(self.cands):
-            by_interval.setdefault((c.tensor, c.after), []).append(k)
-        for ks in by_interval.values():
-            if len(ks) > 1:
-                self.model.add_row([self.Y(k, self.cands[k].release[-1]) for k in ks], [1.0] * len(ks), upper=1.0)
+            by_interval.setdefault((c.tensor, c.after), []).append(self.Y(k, c.release[-1]))
+        for k, r in enumerate(self.redo):
+            by_interval.setdefault((r.tensor, r.after), []).append(self.Q + k)
+        for cols in by_interval.values():
+            if len(cols) > 1:
+                self.model.add_row(cols, [1.0] * len(cols), upper=1.0)
+
+    def _recompute_rows(self) -> None:
+        """A recompute reads its sources at its op: no source may be moved in an interval
+        around that op (a read there is a use inside the interval, R13), nor dropped for a
+        recompute across it."""
+        moved: dict[str, list[int]] = {}
+        for k, c in enumerate(self.cands):
+            moved.setdefault(c.tensor, []).append(k)
+        dropped: dict[str, list[int]] = {}
+        for k, r in enumerate(self.redo):
+            dropped.setdefault(r.tensor, []).append(k)
+        for k, r in enumerate(self.redo):
+            at = r.before
+            for src in r.sources:
+                for j in moved.get(src, ()):
+                    c = self.cands[j]
+                    if c.after < at < c.before:   # a read inside a moved interval breaks R13
+                        self.model.add_row([self.Q + k, self.Y(j, c.release[-1])], [1.0, 1.0], upper=1.0)
+                for j in dropped.get(src, ()):
+                    if self.redo[j].after < at < self.redo[j].before:
+                        self.model.add_row([self.Q + k, self.Q + j], [1.0, 1.0], upper=1.0)
 
     def _memory_rows(self) -> None:
         resident = self.profile.resident_bytes
@@ -204,12 +273,20 @@ class Formulation:
             for i in range(c.release[0], c.fetch[-1] + 1):
                 if resident[i] > self.budget:
                     spanning.setdefault(i, []).append(k)
+        for k, r in enumerate(self.redo):
+            for i in range(r.after + 1, r.before):
+                if resident[i] > self.budget:
+                    spanning.setdefault(i, []).append(-1 - k)   # negative: a recompute
         self.over_ops = sorted(i for i in range(self.n) if resident[i] > self.budget)
         unit = max([resident[i] - self.budget for i in self.over_ops], default=1)  # right-hand sides <= 1
         self.uncovered = [self.profile.ops[i].id for i in self.over_ops if i not in spanning]
         for i in self.over_ops:
             index, value = [], []
             for k in spanning.get(i, ()):
+                if k < 0:   # dropped from the op after its last use up to its recompute
+                    index.append(self.Q - 1 - k)
+                    value.append(self.redo[-1 - k].nbytes / unit)
+                    continue
                 share = self.cands[k].nbytes / unit
                 index.append(self.Y(k, i))
                 value.append(share)
@@ -245,6 +322,12 @@ class Formulation:
         for (i, _), (index, value) in sorted(loads.items()):
             self.model.add_row([self.T + i] + index, [1.0] + value, lower=0.0)
         self.step_loads = loads
+        by_op: dict[int, list[int]] = {}
+        for k, r in enumerate(self.redo):
+            by_op.setdefault(r.before, []).append(k)
+        for i, ks in sorted(by_op.items()):   # the op waits for the recomputes before it (R5)
+            self.model.add_row([self.T + i] + [self.Q + k for k in ks],
+                               [1.0] + [-self.redo[k].cost_us * MS for k in ks], lower=self.times[i] * MS)
 
     def extend(self, part: "Formulation", values: np.ndarray) -> np.ndarray:
         """A solution of ``part`` (a formulation over a subset of these candidates) as a
@@ -327,6 +410,10 @@ def decode(form: Formulation, values: np.ndarray) -> list[Chosen]:
         fetch = next(f for f in c.fetch if values[form.Z(k, f)] > 0.5)
         chosen.append(Chosen(c, release, fetch))
     return chosen
+
+
+def decode_recomputes(form: Formulation, values: np.ndarray) -> list[Recompute]:
+    return [r for k, r in enumerate(form.redo) if values[form.Q + k] > 0.5]
 
 
 def predicted_us(form: Formulation, values: np.ndarray) -> float:

@@ -32,22 +32,23 @@ from __future__ import annotations
 
 import time
 
-from simulator.plan import offload, prefetch
+from simulator.plan import drop, offload, prefetch, recompute
 
 from ..api import score
-from ..lowering import OFFLOAD, PREFETCH, Step, issue_order
+from ..lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from ..registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
-from .intervals import Chosen, Formulation, candidates, decode, predicted_us
+from .intervals import Chosen, Formulation, Recompute, candidates, decode, decode_recomputes, predicted_us, recomputes
 
 DEFAULT_TIME_LIMIT = 60.0
 DEFAULT_GAP = 1e-3
 
 
-def to_actions(profile, chosen: list[Chosen]) -> list:
+def to_actions(profile, chosen: list[Chosen], redone: list[Recompute] = ()) -> list:
     """Offloads after the last use; prefetches after their issue op, held back so that on
-    each stream they are issued in order of the op that needs them."""
+    each stream they are issued in order of the op that needs them; drops after the last
+    use of what is recomputed, and the recomputes before each op in producer order."""
     ops = profile.ops
-    steps = []
+    steps = [Step(r.after, DROP, r.before, r.tensor, drop(r.tensor, ops[r.after].id)) for r in redone]
     for k, ch in enumerate(chosen):
         c = ch.candidate
         steps.append(Step(c.after, OFFLOAD, c.before, k, offload(c.tensor, ops[c.after].id, c.tier)))
@@ -59,19 +60,21 @@ def to_actions(profile, chosen: list[Chosen]) -> list:
             latest = max(latest, ch.fetch)
             steps.append(Step(latest, PREFETCH, c.before, k,
                               prefetch(c.tensor, ops[latest].id, ops[c.before].id, c.tier)))
-    return issue_order(steps)
+    again = sorted(redone, key=lambda r: (r.before, profile.producer[r.tensor], r.tensor))
+    return issue_order(steps) + [recompute(r.tensor, ops[r.before].id) for r in again]
 
 
 def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tiers: tuple[str, ...], window: int,
-                    token: bool, gap: float | None, fallback) -> Draft:
+                    token: bool, gap: float | None, fallback, recompute_too: bool = False) -> Draft:
     """Build, solve, decode and judge one swap MILP; ``fallback()`` gives the heuristic draft."""
     started = time.perf_counter()
     deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
     gap = DEFAULT_GAP if gap is None else gap
     cands = candidates(profile, hardware, budget, window, tiers)
-    form = Formulation(profile, hardware, budget, cands, one_offload_at_a_time=token)
+    redo = recomputes(profile, budget) if recompute_too else []
+    form = Formulation(profile, hardware, budget, cands, one_offload_at_a_time=token, redo=redo)
     built = time.perf_counter() - started
-    notes = {"candidates": len(cands), "columns": form.model.num_cols, "rows": form.model.num_rows,
+    notes = {"candidates": len(cands), "recompute_candidates": len(redo), "columns": form.model.num_cols, "rows": form.model.num_rows,
              "over_budget_ops": len(form.over_ops), "window": window}   # no timings: plans stay byte-identical
     if not form.over_ops:
         return Draft(status="optimal", gap=0.0, estimate_us=profile.ideal_us, notes=notes)
@@ -104,10 +107,11 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
         notes.update(fallback=f"{why}: the heuristic plan")
         return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", notes=notes)
     chosen = decode(form, solution.values)
-    actions = to_actions(profile, chosen)
+    redone = decode_recomputes(form, solution.values)
+    actions = to_actions(profile, chosen, redone)
     estimate = predicted_us(form, solution.values)
     result = score(profile, hardware, budget, actions)
-    notes.update(moved=len(chosen), model_objective_us=estimate,
+    notes.update(moved=len(chosen), recomputed=len(redone), model_objective_us=estimate,
                  simulated_us=result.iteration_us if result.ok else None)
     if backup_result.ok and (not result.ok or backup_result.iteration_us < result.iteration_us):
         notes.update(fallback="the heuristic plan simulated faster than the solver's",
@@ -159,3 +163,37 @@ def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, win
 def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, token=False, gap=1e-3):
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=token,
                            gap=gap, fallback=_g10(profile, hardware, budget_bytes, False))
+
+
+def _best_of(profile, hardware, budget, names: tuple[str, ...]):
+    """The fallback: the plan of these planners the simulator runs fastest within the budget."""
+    from ..registry import get_planner
+
+    def draft():
+        best = None
+        for name in names:
+            spec = get_planner(name)
+            candidate = spec.func(profile, hardware, budget, **spec.resolve({}))
+            result = score(profile, hardware, budget, candidate.actions, candidate.initial)
+            key = (not result.ok, result.iteration_us if result.ok else 0.0)
+            if best is None or key < best[0]:
+                best = (key, candidate)
+        return best[1]
+    return draft
+
+
+@register(
+    "joint",
+    "One MILP over swapping to host and recomputing each idle interval (Checkmate's and OffMate's idea on "
+    "the interval formulation), with capuchin's or g10's plan as the fallback.",
+    params=(Param("window", 20, "ops before / after a use within which a move may run", low=1, high=4096),)
+    + _COMMON,
+    moves_persistent=True,
+    recomputes=True,
+    paper="Jain et al., Checkmate, MLSys 2020 (recompute ILP); Rockmate's OffMate notes (per-step channel "
+          "limits): the joint formulation here is this project's",
+)
+def plan_joint(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, gap=1e-3):
+    return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=False,
+                           gap=gap, fallback=_best_of(profile, hardware, budget_bytes, ("capuchin", "g10")),
+                           recompute_too=True)
