@@ -55,6 +55,13 @@ class Cell:
                          json.dumps(self.params, sort_keys=True), self.budget, str(self.budget_bytes), str(self.seed)))
 
     @property
+    def work_key(self) -> str:
+        """What is planned, whatever the budget was called: cells with the same work key
+        give the same plan."""
+        return "|".join((self.profile_sha256[:16], self.hardware_name, self.planner,
+                         json.dumps(self.params, sort_keys=True), str(self.budget_bytes), str(self.seed)))
+
+    @property
     def plan_file(self) -> str:
         """The plan's file name under ``plans/``: readable, and safe on any filesystem."""
         budget = self.budget.replace("%", "pct").replace(".", "_")

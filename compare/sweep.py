@@ -115,21 +115,31 @@ def run_sweep(cells: list[Cell], out: str | os.PathLike, jobs: int = 1, dask_add
     for cell in cells:
         if cell.key in earlier:
             rows[cell.key] = earlier[cell.key]
-    todo = [cell for cell in cells if cell.key not in rows]
+    # budgets that come to the same bytes (two percentages capped at the GPU's memory)
+    # are planned once; the other cells get the same row and plan under their own names
+    twins: dict[str, list[Cell]] = {}
+    todo = []
+    for cell in cells:
+        if cell.key not in rows:
+            same = twins.setdefault(cell.work_key, [])
+            if not same:
+                todo.append(cell)
+            same.append(cell)
     outcome = Outcome(rows=[], resumed=len(rows))
 
     def ordered() -> list[dict]:
         return [rows[c.key] for c in cells if c.key in rows]
 
     def finish(cell: Cell, row: dict, plan_text: str | None) -> None:
-        if plan_text is not None:
-            store.save_plan(cell, plan_text)
-        row["key"] = cell.key
-        rows[cell.key] = row
-        outcome.ran += 1
+        for twin in twins[cell.work_key]:
+            if plan_text is not None:
+                store.save_plan(twin, plan_text)
+            rows[twin.key] = dict(row, key=twin.key, budget=twin.budget,
+                                  plan_file=None if row.get("plan_file") is None else "plans/" + twin.plan_file)
+            outcome.ran += 1
         store.save_rows(ordered())
         if progress is not None:
-            progress(len(rows), len(cells), row)
+            progress(len(rows), len(cells), rows[cell.key])
 
     store.save_rows(ordered())
     if progress is not None:

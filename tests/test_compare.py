@@ -208,3 +208,22 @@ def test_run_cell_reports_link_bytes_and_the_bound():
     row, text = run_cell(cell)
     assert row["bytes_pcie_up"] > 0 and row["bytes_pcie_down"] > 0 and row["bound"]
     assert json.loads(text)["predicted"]["iteration_us"] == row["iteration_us"]
+
+
+def test_budgets_that_come_to_the_same_bytes_are_planned_once(monkeypatch, tmp_path):
+    calls = []
+
+    def counted(profile, hardware, budget, *, options):
+        calls.append(budget)
+        return Draft()
+
+    _register(monkeypatch, "counted", counted)
+    cells = expand_cells([PROFILE], [HW], ["counted"], ["300%", "400%", "50%"])
+    outcome = run_sweep(cells, tmp_path)
+    assert len(calls) == 2 and len(outcome.rows) == 3 and outcome.ran == 3
+    capped = [r for r in outcome.rows if r["capped"]]
+    assert [r["budget"] for r in capped] == ["300%", "400%"]
+    assert capped[0]["plan_file"] != capped[1]["plan_file"]
+    assert (tmp_path / capped[0]["plan_file"]).read_bytes() == (tmp_path / capped[1]["plan_file"]).read_bytes()
+    assert {k: v for k, v in capped[0].items() if k not in ("budget", "plan_file", "key")} == \
+        {k: v for k, v in capped[1].items() if k not in ("budget", "plan_file", "key")}
