@@ -12,7 +12,7 @@ import threading
 import time
 import traceback
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from simulator.errors import InfeasibleError, InputError, SwapplanError
@@ -20,7 +20,6 @@ from simulator.errors import InfeasibleError, InputError, SwapplanError
 # A cell's status: the simulator's verdict on its plan, or why there is no plan.
 OK, INFEASIBLE, INVALID = "ok", "infeasible", "invalid"
 BELOW_FLOOR, TIMEOUT, ERROR = "below-floor", "timeout", "error"
-STATUSES = (OK, INFEASIBLE, INVALID, BELOW_FLOOR, TIMEOUT, ERROR)
 
 # Columns of a result row, in the order results.csv writes them.
 COLUMNS = ("profile", "hardware", "planner", "params", "seed", "budget", "budget_bytes", "capped",
@@ -176,7 +175,3 @@ def run_cell(cell: Cell) -> tuple[dict, str | None]:
                plan_file="plans/" + cell.plan_file,
                error=None if result.ok else result.reason)
     return row, plan_json(planned.plan)
-
-
-def cell_dict(cell: Cell) -> dict:
-    return asdict(cell)

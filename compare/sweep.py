@@ -182,26 +182,26 @@ def _run_pool(cells: list[Cell], jobs: int, finish) -> None:
 def _pool_round(cells: list[Cell], jobs: int, finish) -> list[Cell]:
     """Run the cells in a pool of ``jobs`` processes; returns those a broken pool lost."""
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(cells)))
-    futures = {pool.submit(run_cell, cell): cell for cell in cells}
+    futures = {pool.submit(run_cell, cell): k for k, cell in enumerate(cells)}
     broken = []
     try:
         waiting = set(futures)
         while waiting:
             done, waiting = wait(waiting, return_when=FIRST_COMPLETED)
-            for future in sorted(done, key=lambda f: cells.index(futures[f])):
+            for future in sorted(done, key=futures.get):
                 try:
                     outcome = future.result()
                 except BrokenProcessPool:
                     broken.append(futures[future])
                     continue
-                finish(futures[future], *outcome)
+                finish(cells[futures[future]], *outcome)
     except KeyboardInterrupt:
         for process in list((getattr(pool, "_processes", None) or {}).values()):
             process.terminate()
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
-    return sorted(broken, key=cells.index)
+    return [cells[k] for k in sorted(broken)]
 
 
 def _run_dask(cells: list[Cell], address: str, finish) -> None:

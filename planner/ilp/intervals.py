@@ -340,9 +340,13 @@ class Formulation:
             for first, size, theirs in ((mine.Y, len(c.release), col.Y), (mine.Z, len(c.fetch), col.Z),
                                         (mine.u, len(c.out_steps), col.u), (mine.v, len(c.in_steps), col.v)):
                 x[first:first + size] = values[theirs:theirs + size]
+        self._stretch_steps(x)
+        return x
+
+    def _stretch_steps(self, x: np.ndarray) -> None:
+        """Make each step in ``x`` as long as the copies ``x`` places in it need."""
         for (i, _), (index, value) in self.step_loads.items():
             x[self.T + i] = max(x[self.T + i], -float(np.dot(value, x[index])))
-        return x
 
     def start(self) -> np.ndarray | None:
         """A feasible solution to start the solver from, or None: the largest tensors
@@ -368,8 +372,7 @@ class Formulation:
         if any(v > 0 for v in need.values()):
             return None
         x[self.T:self.T + self.n] = self.times * MS
-        for (i, _), (index, value) in self.step_loads.items():
-            x[self.T + i] = max(x[self.T + i], -float(np.dot(value, x[index])))
+        self._stretch_steps(x)
         return x
 
     def _token_rows(self) -> None:

@@ -37,7 +37,8 @@ from simulator.plan import drop, offload, prefetch, recompute
 from ..api import score
 from ..lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from ..registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
-from .intervals import Chosen, Formulation, Recompute, candidates, decode, decode_recomputes, predicted_us, recomputes
+from .intervals import (MS, Chosen, Formulation, Recompute, candidates, decode, decode_recomputes, predicted_us,
+                        recomputes)
 
 DEFAULT_TIME_LIMIT = 60.0
 DEFAULT_GAP = 1e-3
@@ -92,13 +93,13 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
         first = host.model.solve(limit, options.threads, options.seed, gap, start=host.start())
         if first.values is not None:
             start = form.extend(host, first.values)
-            notes.update(host_only_us=first.objective / 1e-3, host_only_gap=first.gap)
+            notes.update(host_only_us=first.objective / MS, host_only_gap=first.gap)
     limit = max(1.0, deadline - time.perf_counter())
     options.say(f"MILP: {form.model.num_cols} columns, {form.model.num_rows} rows; solving (limit {limit:.0f} s)")
     solution = form.model.solve(limit, options.threads, options.seed, gap, start=start)
     options.say(f"MILP solved in {time.perf_counter() - started - built:.1f} s: {solution.model_status}")
     notes.update(solver=solution.model_status,
-                 mip_gap=solution.gap, model_bound_us=None if solution.bound is None else solution.bound / 1e-3)
+                 mip_gap=solution.gap, model_bound_us=None if solution.bound is None else solution.bound / MS)
     backup = fallback()
     backup_result = score(profile, hardware, budget, backup.actions, backup.initial)
     if solution.values is None:
