@@ -139,3 +139,62 @@ def test_joint_never_reads_a_source_inside_its_moved_interval(transformer):
     planned = make_plan(profile, hw, budget, "joint", options=RunOptions(time_limit=20, threads=1))
     assert planned.result.valid and planned.result.ok
     assert planned.result.iteration_us <= make_plan(profile, hw, budget, "capuchin").result.iteration_us * (1 + 1e-9)
+
+
+# A recompute chain: s = fs(in), x = fx(s, w); x is read by gx, s later by gs. Five ops with
+# 100 B workspace between force both away; copies are slow (0.1 B/us), so the plan drops
+# both and recomputes them; x's recompute before gx reads s, which is then dropped across
+# gx: s is regenerated there first (a chain), held through gx and dropped again.
+CHAIN_TENSORS = {"in": (10, "activation"), "w": (50, "weight"), "s": (60, "activation"),
+                 "x": (60, "activation"), "gxo": (1, "gradient"), "gso": (1, "gradient"), "gw": (1, "gradient")}
+CHAIN_OPS = [("f0", "forward", 10.0, [], ["in"]), ("fs", "forward", 10.0, ["in"], ["s"]),
+             ("fx", "forward", 10.0, ["s", "w"], ["x"])]
+CHAIN_OPS += [(f"m{k}", "forward", 10.0, [], [], [], 100) for k in range(5)]
+CHAIN_OPS += [("gx", "backward", 10.0, ["x"], ["gxo"]), ("gs", "backward", 10.0, ["s", "gxo"], ["gso"]),
+              ("gw", "backward", 10.0, ["w", "in", "gso"], ["gw"])]
+
+
+def test_joint_recomputes_a_chain_and_the_model_prices_it():
+    profile, hw = make_profile(CHAIN_TENSORS, CHAIN_OPS, "ilp-chain"), machine(h2d=0.0001, d2h=0.0001)
+    budget = 183   # at the m ops 280 B without a plan; at gx, s regenerated and x: 183
+    planned = make_plan(profile, hw, budget, "joint", options=RunOptions(time_limit=20, threads=1))
+    actions = [(a.kind, a.tensor, a.after or a.before) for a in planned.plan.actions]
+    assert planned.result.ok, planned.result.reason
+    assert ("recompute", "s", "gx") in actions and ("recompute", "x", "gx") in actions
+    assert actions.index(("recompute", "s", "gx")) < actions.index(("recompute", "x", "gx"))
+    assert ("drop", "s", "gx") in actions and ("recompute", "s", "gs") in actions
+    notes = planned.plan.planner.notes
+    assert notes["chain_recomputes"] == 1 and planned.plan.planner.status == "optimal"
+    # the ideal 110 us, plus fx and fs again before gx and fs again before gs
+    assert notes["model_objective_us"] == pytest.approx(140.0)
+    assert planned.result.iteration_us == pytest.approx(140.0)
+
+
+def test_joint_never_moves_a_weight_across_a_recompute_that_reads_it():
+    # the chain graph with a 300 B weight, two more ops before the peak and 400 B of
+    # workspace there: w must be away at the m ops and fx recomputes x before gx, reading w;
+    # a model that let w's prefetch overlap gx (cheaper) would make that recompute invalid
+    tensors = dict(CHAIN_TENSORS, w=(300, "weight"))
+    ops = CHAIN_OPS[:3] + [("p0", "forward", 10.0, [], []), ("p1", "forward", 10.0, [], [])]
+    ops += [(f"m{k}", "forward", 10.0, [], [], [], 400) for k in range(5)] + CHAIN_OPS[-3:]
+    profile, hw = make_profile(tensors, ops, "ilp-chain"), machine(h2d=0.01, d2h=0.01)
+    planned = make_plan(profile, hw, 470, "joint", options=RunOptions(time_limit=20, threads=1))
+    notes = planned.plan.planner.notes
+    assert notes["simulated_us"] is not None   # the solver's own plan runs, not only the fallback
+    assert notes["recomputed"] >= 1 and planned.result.ok
+    assert notes["simulated_us"] == pytest.approx(notes["model_objective_us"], rel=0.02)
+
+
+def test_joint_recomputes_from_a_source_it_brings_back_early():
+    # the chain graph with a cheap fx and two ops of slack on each side of the m ops: s goes
+    # to host memory and x is recomputed before gx from s, so s's prefetch is due at gx
+    # (the recompute reads it there), not at gs where its interval ends
+    ops = [o if o[0] != "fx" else ("fx", "forward", 5.0, ["s", "w"], ["x"]) for o in CHAIN_OPS]
+    pad = [("p0", "forward", 10.0, [], []), ("p1", "forward", 10.0, [], [])]
+    ops = ops[:3] + pad + ops[3:8] + [("q" + o[0][1:],) + o[1:] for o in pad] + ops[8:]
+    profile, hw = make_profile(CHAIN_TENSORS, ops, "ilp-retarget"), machine(h2d=0.003, d2h=0.003)
+    planned = make_plan(profile, hw, 200, "joint", options=RunOptions(time_limit=20, threads=1))
+    actions = [(a.kind, a.tensor, a.before) for a in planned.plan.actions if a.kind in ("prefetch", "recompute")]
+    assert ("prefetch", "s", "gx") in actions and ("recompute", "x", "gx") in actions
+    notes = planned.plan.planner.notes
+    assert planned.result.ok and notes["simulated_us"] == pytest.approx(notes["model_objective_us"], rel=0.02)

@@ -29,7 +29,7 @@ chosen intervals back.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -103,8 +103,9 @@ def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tupl
 class Recompute:
     """An idle interval of ``tensor`` (after op ``after``, before op ``before``) that may
     be dropped after ``after`` and recomputed just before ``before`` (R14, R15), at the
-    cost of its producer's time; ``sources`` are its producer's non-persistent inputs,
-    which must be on the GPU at ``before``."""
+    cost of its producer's time; ``sources`` are its producer's inputs, which must be on
+    the GPU at ``before`` (the non-persistent ones are alive then; persistent ones may be
+    moved by the plan, which the model then forbids around ``before``)."""
     tensor: str
     nbytes: int
     after: int
@@ -130,13 +131,14 @@ def recomputes(profile: Profile, budget: int, min_bytes: int = 1) -> list[Recomp
         producer = profile.ops[made_by]
         if producer.updates or profile.updaters[tensor.id]:
             continue
-        sources = tuple(dict.fromkeys(t for t in producer.inputs if not tensors[t].persistent))
+        sources = tuple(dict.fromkeys(producer.inputs))
+        transient = [t for t in sources if not tensors[t].persistent]
         for gap in idle_gaps(profile, tensor.id):
             a, b = gap.after, gap.before
             if over[b] - over[a + 1] == 0:
                 continue
             if any(profile.last_use[t] is None or profile.last_use[t] < b
-                   or any(made_by < u <= b for u in profile.updaters[t]) for t in sources):
+                   or any(made_by < u <= b for u in profile.updaters[t]) for t in transient):
                 continue
             found.append(Recompute(tensor.id, tensor.bytes, a, b, producer.time_us, sources))
     return found
@@ -246,25 +248,55 @@ class Formulation:
                 self.model.add_row(cols, [1.0] * len(cols), upper=1.0)
 
     def _recompute_rows(self) -> None:
-        """A recompute reads its sources at its op: no source may be moved in an interval
-        around that op (a read there is a use inside the interval, R13), nor dropped for a
-        recompute across it."""
+        """A recompute before op b reads its sources there. A source moved in an interval
+        around b cannot be read (R13): the two exclude each other. A source dropped for a
+        recompute across b is regenerated at b first, a chain (``W[b, s]``, continuous,
+        >= need + Q - 1, costs the producer's time, and holds s's bytes through op b,
+        after which it is dropped again), and its own sources are needed at b in turn."""
         moved: dict[str, list[int]] = {}
         for k, c in enumerate(self.cands):
             moved.setdefault(c.tensor, []).append(k)
         dropped: dict[str, list[int]] = {}
         for k, r in enumerate(self.redo):
             dropped.setdefault(r.tensor, []).append(k)
-        for k, r in enumerate(self.redo):
-            at = r.before
-            for src in r.sources:
+        model = self.model
+        self.chains: dict[tuple[int, str], int] = {}   # (op, tensor) -> column of W
+        work = [(r.before, self.Q + k, r.sources) for k, r in enumerate(self.redo)]
+        while work:
+            at, need, sources = work.pop()
+            for src in sources:
                 for j in moved.get(src, ()):
                     c = self.cands[j]
-                    if c.after < at < c.before:   # a read inside a moved interval breaks R13
-                        self.model.add_row([self.Q + k, self.Y(j, c.release[-1])], [1.0, 1.0], upper=1.0)
+                    if c.after < at < c.before:
+                        self._read_in_moved_interval(j, at, need)
                 for j in dropped.get(src, ()):
-                    if self.redo[j].after < at < self.redo[j].before:
-                        self.model.add_row([self.Q + k, self.Q + j], [1.0, 1.0], upper=1.0)
+                    r = self.redo[j]
+                    if not r.after < at < r.before:
+                        continue
+                    w = self.chains.get((at, src))
+                    if w is None:
+                        w = self.chains[at, src] = model.add_vars(1, upper=1.0)
+                        work.append((at, w, r.sources))
+                    model.add_row([w, need, self.Q + j], [1.0, -1.0, -1.0], lower=-1.0)
+
+    def _read_in_moved_interval(self, j: int, at: int, need: int) -> None:
+        """A recompute (column ``need``) reads candidate j's tensor before op ``at``, inside
+        its interval: the tensor is still on the GPU (not yet released, ``Y[at] = 0``) or
+        back (its prefetch issued by op at-1, ``Z[at-1] = 1``, and none of it copied in
+        step ``at`` or later: the plan's prefetch is then due at ``at``)."""
+        c, col, model = self.cands[j], self.cols[j], self.model
+        y = self.Y(j, at)
+        if y is None:
+            return                    # released no earlier than op at: still on the GPU
+        z = self.Z(j, at - 1)
+        if z is None:
+            model.add_row([need, y], [1.0, 1.0], upper=1.0)
+            return
+        model.add_row([need, y, z], [1.0, 1.0, -1.0], upper=1.0)
+        d_in = c.in_us * MS
+        for s, i in enumerate(c.in_steps):
+            if i >= at:
+                model.add_row([col.v + s, need, y], [1.0, d_in, d_in], upper=2 * d_in)
 
     def _memory_rows(self) -> None:
         resident = self.profile.resident_bytes
@@ -277,6 +309,9 @@ class Formulation:
             for i in range(r.after + 1, r.before):
                 if resident[i] > self.budget:
                     spanning.setdefault(i, []).append(-1 - k)   # negative: a recompute
+        held: dict[int, list[tuple[int, int]]] = {}   # a chain source is on the GPU through its op
+        for (at, tid), w in self.chains.items():
+            held.setdefault(at, []).append((w, self.profile.tensor_by_id[tid].bytes))
         self.over_ops = sorted(i for i in range(self.n) if resident[i] > self.budget)
         unit = max([resident[i] - self.budget for i in self.over_ops], default=1)  # right-hand sides <= 1
         self.uncovered = [self.profile.ops[i].id for i in self.over_ops if i not in spanning]
@@ -294,6 +329,9 @@ class Formulation:
                 if z is not None:
                     index.append(z)
                     value.append(-share)
+            for w, nbytes in held.get(i, ()):
+                index.append(w)
+                value.append(-nbytes / unit)
             self.model.add_row(index, value, lower=(resident[i] - self.budget) / unit)
 
     def _step_rows(self) -> None:
@@ -322,12 +360,18 @@ class Formulation:
         for (i, _), (index, value) in sorted(loads.items()):
             self.model.add_row([self.T + i] + index, [1.0] + value, lower=0.0)
         self.step_loads = loads
-        by_op: dict[int, list[int]] = {}
+        by_op: dict[int, tuple[list[int], list[float]]] = {}
         for k, r in enumerate(self.redo):
-            by_op.setdefault(r.before, []).append(k)
-        for i, ks in sorted(by_op.items()):   # the op waits for the recomputes before it (R5)
-            self.model.add_row([self.T + i] + [self.Q + k for k in ks],
-                               [1.0] + [-self.redo[k].cost_us * MS for k in ks], lower=self.times[i] * MS)
+            index, value = by_op.setdefault(r.before, ([], []))
+            index.append(self.Q + k)
+            value.append(-r.cost_us * MS)
+        ops = self.profile.ops
+        for (at, tid), w in self.chains.items():
+            index, value = by_op.setdefault(at, ([], []))
+            index.append(w)
+            value.append(-ops[self.profile.producer[tid]].time_us * MS)
+        for i, (index, value) in sorted(by_op.items()):   # the op waits for the recomputes before it (R5)
+            self.model.add_row([self.T + i] + index, [1.0] + value, lower=self.times[i] * MS)
 
     def extend(self, part: "Formulation", values: np.ndarray) -> np.ndarray:
         """A solution of ``part`` (a formulation over a subset of these candidates) as a
@@ -398,10 +442,17 @@ class Formulation:
 @dataclass(frozen=True)
 class Chosen:
     """A moved interval as the solution has it: off the GPU from op ``release``, its
-    prefetch issued after op ``fetch``."""
+    prefetch issued after op ``fetch``, done in step ``done`` (the last step the model
+    gives some of its copy) and due at ``before``."""
     candidate: Candidate
     release: int
     fetch: int
+    done: int
+    due: int = -1     # the op its prefetch is due at: the interval's end, or a recompute reading it
+
+    @property
+    def before(self) -> int:
+        return self.candidate.before if self.due < 0 else self.due
 
 
 def decode(form: Formulation, values: np.ndarray) -> list[Chosen]:
@@ -411,12 +462,55 @@ def decode(form: Formulation, values: np.ndarray) -> list[Chosen]:
             continue
         release = next(r for r in c.release if values[form.Y(k, r)] > 0.5)
         fetch = next(f for f in c.fetch if values[form.Z(k, f)] > 0.5)
-        chosen.append(Chosen(c, release, fetch))
+        pieces = values[col.v:col.v + len(c.in_steps)]
+        busy = np.flatnonzero(pieces > 1e-6 * max(c.in_us * MS, 1e-9))
+        done = c.in_steps[busy[-1]] if len(busy) else c.before - 1
+        chosen.append(Chosen(c, release, fetch, done))
     return chosen
 
 
 def decode_recomputes(form: Formulation, values: np.ndarray) -> list[Recompute]:
     return [r for k, r in enumerate(form.redo) if values[form.Q + k] > 0.5]
+
+
+def retarget(profile: Profile, chosen: list[Chosen], redone: list[Recompute],
+             chains: list[tuple[int, str]]) -> list[Chosen]:
+    """Each moved interval with its prefetch due at the first recompute that reads its
+    tensor once it is off the GPU (the model has it back by then), else at its end."""
+    reads: dict[str, list[int]] = {}
+    for at, tid in [(r.before, r.tensor) for r in redone] + list(chains):
+        for src in profile.ops[profile.producer[tid]].inputs:
+            reads.setdefault(src, []).append(at)
+    due = []
+    for ch in chosen:
+        c = ch.candidate
+        early = [at for at in reads.get(c.tensor, ()) if ch.release <= at < c.before]
+        due.append(replace(ch, due=min(early)) if early else ch)
+    return due
+
+
+def decode_chains(redone: list[Recompute]) -> list[tuple[int, str]]:
+    """The chain sources the chosen recomputes need regenerated, as (op, tensor): a
+    source dropped for a recompute across the op it is read at, recursively (as the
+    model's ``W`` rows have it; read from the choices, not from ``W``'s values)."""
+    across: dict[str, list[Recompute]] = {}
+    for r in redone:
+        across.setdefault(r.tensor, []).append(r)
+    found: set[tuple[int, str]] = set()
+    work = [(r.before, r.sources) for r in redone]
+    while work:
+        at, sources = work.pop()
+        for src in sources:
+            for r in across.get(src, ()):
+                if r.after < at < r.before and (at, src) not in found:
+                    found.add((at, src))
+                    work.append((at, r.sources))
+    return sorted(found)
+
+
+def step_times(form: Formulation, values: np.ndarray) -> np.ndarray:
+    """The model's step times, in us."""
+    return values[form.T:form.T + form.n] / MS
 
 
 def predicted_us(form: Formulation, values: np.ndarray) -> float:
