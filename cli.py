@@ -541,7 +541,9 @@ def _parse_params(pairs: tuple[str, ...]) -> dict:
 @click.argument("profile")
 @click.option("--planner", "planner_name", default="none", show_default=True,
               help="Which planner (see `swapplan planners`).")
-@click.option("--budget", required=True, help="GPU memory budget: 8GiB, 512MB, or 60% of the no-swap peak.")
+@click.option("--budget", required=True,
+              help="GPU memory budget: 8GiB, 512MB, or 60% of the no-swap peak (a percentage above the GPU's "
+                   "memory is capped at it, with a note).")
 @click.option("--hardware", "hardware_name", default=None,
               help="Preset or hardware file [default: the profile's roofline preset, else a100-40gb-pcie4].")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="A planner parameter (repeatable).")
@@ -573,6 +575,10 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_li
     loaded = catalog.open_profile(profile)
     hardware = _hardware(hardware_name, None, loaded)
     budget_bytes = parse_budget(budget, loaded.peak_bytes)
+    if budget.strip().endswith("%") and budget_bytes > hardware.gpu.memory_bytes:   # as compare does
+        _note(f"budget: {budget} of the no-swap peak is {format_bytes(budget_bytes)}, more than the GPU's "
+              f"{format_bytes(hardware.gpu.memory_bytes)} on {hardware.name}: planning for the GPU's memory")
+        budget_bytes = hardware.gpu.memory_bytes
     given = _parse_params(params)
     if gap is not None:
         given["gap"] = str(gap)

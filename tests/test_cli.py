@@ -328,3 +328,15 @@ def test_trace_unknown_model_exit_2(tmp_path):
     pytest.importorskip("torch", reason="tracing needs the trace extra (torch)")
     result = run("trace", "alexnet-9000", "-o", str(tmp_path / "x.json"))
     assert result.exit_code == 2 and "error: <argument>: model: unknown model 'alexnet-9000'" in result.output
+
+
+def test_plan_caps_a_percentage_above_the_gpu_memory_with_a_note(profile_file, tmp_path):
+    hw = tmp_path / "small.yaml"
+    hw.write_text("name: small\ngpu: {memory: 400, fp32_tflops: 1, fp16_tflops: 1, hbm_gbps: 1}\n"
+                  "pcie: {h2d_gbps: 1, d2h_gbps: 1}\nhost: {memory: 1GiB}\n")
+    result = CliRunner().invoke(app, ["plan", str(profile_file), "--budget", "100%", "--hardware",
+                                          str(hw), "--json"], obj={"debug": False})
+    assert "planning for the GPU's memory" in result.stderr and "450 B" in result.stderr
+    assert json.loads(result.stdout)["budget_bytes"] == 400
+    result = run("plan", str(profile_file), "--budget", "450", "--hardware", str(hw))
+    assert result.exit_code == 2 and "more than the GPU's memory" in result.output

@@ -41,5 +41,36 @@ def test_the_budgeted_search_fits_where_nothing_moved_does_not():
     planned = make_plan(profile, hw, budget, "chen")
     assert planned.result.ok and planned.result.peak_bytes <= budget and planned.result.recomputes > 0
     assert planned.plan.planner.notes["searched_segment_counts"] > 1
-    fixed = make_plan(profile, hw, budget, "chen", {"segments": str(planned.plan.planner.notes["segments"])})
+    notes = planned.plan.planner.notes
+    fixed = make_plan(profile, hw, budget, "chen", {"segments": str(notes["segments"]), "lazy": str(notes["lazy"])})
     assert fixed.plan.actions == planned.plan.actions
+
+
+def test_lazy_recomputes_each_tensor_just_before_it_is_needed():
+    profile, hw = open_profile(PROFILE), load_hardware("a100-40gb-pcie4")
+    eager, _ = chen_actions(profile, 4)
+    lazy, _ = chen_actions(profile, 4, lazy=True)
+    index = profile.op_index
+    at = {a.tensor: index[a.before] for a in lazy if a.kind == "recompute"}
+    assert set(at) == {a.tensor for a in eager if a.kind == "recompute"}
+    first_backward = {t: min(u for u in profile.consumers[t] if profile.ops[u].phase != "forward") for t in at}
+    assert all(at[t] <= first_backward[t] for t in at)
+    assert any(at[t] == first_backward[t] for t in at)
+    assert len(set(at.values())) > len({index[a.before] for a in eager if a.kind == "recompute"})
+    runs = [make_plan(profile, hw, profile.peak_bytes, "chen", {"segments": "4", "lazy": lazy})
+            for lazy in ("false", "true")]
+    assert all(run.result.ok for run in runs)
+    assert runs[1].result.peak_bytes < runs[0].result.peak_bytes   # recomputed tensors live shorter
+
+
+def test_a_source_updated_in_place_before_the_producer_read_it_does_not_stop_a_recompute():
+    # x = relu_(bn) in place, then c = conv(x): c can be recomputed from x (ResNet's pattern)
+    from tests.conftest import make_profile
+    tensors = {"w": (10, "weight"), "bn": (100, "activation"), "c": (100, "activation"),
+               "gc": (1, "gradient"), "gx": (1, "gradient")}
+    ops = [("bn_op", "forward", 10.0, [], ["bn"]), ("relu_", "forward", 1.0, [], [], ["bn"]),
+           ("conv", "forward", 10.0, ["bn", "w"], ["c"]), ("mid", "forward", 1.0, [], []),
+           ("conv_bw", "backward", 10.0, ["c"], ["gc"]), ("bn_bw", "backward", 10.0, ["bn", "gc"], ["gx"])]
+    profile = make_profile(tensors, ops, "chen-inplace")
+    dropped = droppable(profile, segment_of(profile, 1))
+    assert "c" in dropped
