@@ -198,3 +198,18 @@ def test_joint_recomputes_from_a_source_it_brings_back_early():
     assert ("prefetch", "s", "gx") in actions and ("recompute", "x", "gx") in actions
     notes = planned.plan.planner.notes
     assert planned.result.ok and notes["simulated_us"] == pytest.approx(notes["model_objective_us"], rel=0.02)
+
+
+def test_lp_guided_fixing_reduces_the_model_and_reports_the_full_models_bound(transformer):
+    profile, hw = transformer
+    budget = int(0.75 * profile.peak_bytes)
+    options = RunOptions(time_limit=20, threads=1)
+    whole = make_plan(profile, hw, budget, "joint", options=options)
+    fixed = make_plan(profile, hw, budget, "joint", {"fix_above": "1"}, options=options)
+    notes, whole_notes = fixed.plan.planner.notes, whole.plan.planner.notes
+    assert "kept" in notes["lp_fixing"] and notes["columns"] < whole_notes["columns"]
+    assert fixed.result.ok and fixed.plan.planner.status in ("feasible", "heuristic")
+    # the LP bound is a bound on the full model: below its optimum, and the gap is taken against it
+    assert notes["model_bound_us"] == pytest.approx(notes["lp_bound_us"])
+    assert notes["model_bound_us"] <= whole_notes["model_objective_us"] * (1 + 1e-9)
+    assert notes["reduced_model_bound_us"] >= notes["model_bound_us"] * (1 - 1e-9)

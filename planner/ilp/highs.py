@@ -79,8 +79,18 @@ class Model:
         status = "optimal" if new_gap is not None and new_gap <= gap else solution.status
         return Solution(status, values, fixed.objective, solution.bound, new_gap, solution.model_status)
 
+    def relaxation(self, time_limit: float, threads: int) -> "Solution":
+        """The LP relaxation (integrality dropped), by the interior point method: on these
+        models far faster than simplex at the root (the prototype: 23 s against 115 s)."""
+        integer = self.integer
+        self.integer = [0] * self.num_cols
+        try:
+            return self.solve(time_limit, threads, 0, 0.0, lp_solver="ipm")
+        finally:
+            self.integer = integer
+
     def solve(self, time_limit: float, threads: int, seed: int, gap: float, log=None,
-              start: np.ndarray | None = None) -> "Solution":
+              start: np.ndarray | None = None, lp_solver: str = "choose") -> "Solution":
         import highspy
 
         lp = highspy.HighsLp()
@@ -104,6 +114,7 @@ class Model:
         highs.setOptionValue("random_seed", int(seed) % 2147483647)
         highs.setOptionValue("mip_rel_gap", float(gap))
         highs.setOptionValue("mip_heuristic_effort", HEURISTIC_EFFORT)
+        highs.setOptionValue("solver", lp_solver)
         highs.passModel(lp)
         if start is not None:
             given = highspy.HighsSolution()
@@ -141,6 +152,14 @@ class Solution:
     bound: float | None
     gap: float | None
     model_status: str
+
+    def against_bound(self, bound: float) -> "Solution":
+        """This solution judged against another (weaker, still valid) dual bound: the gap
+        is taken again, the status is at best feasible (its optimality was for a smaller model)."""
+        if self.values is None:
+            return Solution(self.status, None, None, bound, None, self.model_status)
+        gap = max(0.0, (self.objective - bound) / abs(self.objective))
+        return Solution("feasible", self.values, self.objective, bound, gap, self.model_status)
 
 
 def _solution(highs) -> Solution:

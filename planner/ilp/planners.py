@@ -52,6 +52,7 @@ from .intervals import (MS, Chosen, Formulation, Recompute, candidates, decode, 
 
 DEFAULT_TIME_LIMIT = 60.0
 DEFAULT_GAP = 1e-3
+LP_KEEP = 1e-3          # LP-guided fixing keeps the candidates the relaxation moves at least this much
 
 
 def to_actions(profile, chosen: list[Chosen], redone: list[Recompute] = (),
@@ -116,8 +117,33 @@ QUEUES = {
 }
 
 
+def _fix_by_relaxation(form: Formulation, limit: float, options: RunOptions, token: bool, notes: dict):
+    """LP-guided fixing, for models too large to solve whole: solve the LP relaxation by
+    IPM and keep only the candidates it moves or recomputes at all (``LP_KEEP``); the
+    others are fixed to "stay". Returns the reduced formulation (or ``form`` itself when
+    the reduction would leave an op uncovered or the LP did not finish) and the LP's
+    objective, a lower bound for the full model."""
+    options.say(f"MILP too large to solve whole ({form.model.num_cols} columns): LP relaxation by IPM first")
+    relaxed = form.model.relaxation(limit, options.threads)
+    if relaxed.status != "optimal":
+        notes.update(lp_fixing="the LP relaxation did not finish in time: the full model is solved")
+        return form, None
+    x = relaxed.values
+    cands = [c for k, c in enumerate(form.cands) if x[form.Y(k, c.release[-1])] > LP_KEEP]
+    redo = [r for k, r in enumerate(form.redo) if x[form.Q + k] > LP_KEEP]
+    reduced = Formulation(form.profile, form.hardware, form.budget, cands, one_offload_at_a_time=token, redo=redo)
+    if reduced.uncovered:
+        notes.update(lp_fixing="the reduction left an op over the budget uncovered: the full model is solved")
+        return form, relaxed.objective
+    notes.update(lp_fixing=f"kept {len(cands)} of {len(form.cands)} moves and {len(redo)} of {len(form.redo)} "
+                           f"recomputes the LP relaxation uses", columns=reduced.model.num_cols,
+                 rows=reduced.model.num_rows, lp_bound_us=relaxed.objective / MS)
+    return reduced, relaxed.objective
+
+
 def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tiers: tuple[str, ...], window: int,
-                    token: bool, gap: float | None, fallback, recompute_too: bool = False) -> Draft:
+                    token: bool, gap: float | None, fallback, recompute_too: bool = False,
+                    fix_above: int = 100_000) -> Draft:
     """Build, solve, decode and judge one swap MILP; ``fallback()`` gives the heuristic draft."""
     started = time.perf_counter()
     deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
@@ -135,6 +161,11 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
         notes.update(fallback=f"{len(form.uncovered)} ops over the budget that no interval in the model can "
                               f"relieve (first {form.uncovered[0]!r}): the heuristic plan")
         return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", notes=notes)
+    full_bound = None
+    if form.model.num_cols > fix_above:
+        form, full_bound = _fix_by_relaxation(form, max(1.0, 0.3 * (deadline - time.perf_counter())), options,
+                                              token, notes)
+        cands = form.cands
     start = form.start()
     if len(tiers) > 1:
         # host moves alone first (a smaller model HiGHS solves fast): its plan starts the full one
@@ -154,6 +185,9 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     if solution.status == "feasible":   # stopped early: place its copies as well as they go
         solution = form.model.polish(solution, max(1.0, deadline - time.perf_counter()), options.threads, gap)
     options.say(f"MILP solved in {time.perf_counter() - started - built:.1f} s: {solution.model_status}")
+    if full_bound is not None:   # the MIP's bound holds for the reduced model only: report the full one's
+        notes.update(reduced_model_bound_us=None if solution.bound is None else solution.bound / MS)
+        solution = solution.against_bound(full_bound)
     notes.update(solver=solution.model_status,
                  mip_gap=solution.gap, model_bound_us=None if solution.bound is None else solution.bound / MS)
     if solution.values is None:
@@ -191,6 +225,9 @@ def _g10(profile, hardware, budget, ssd: bool):
 _COMMON = (
     Param("gap", 1e-3, "stop when the solution is proven within this relative gap of the optimum",
           low=0.0, high=1.0),
+    Param("fix_above", 100_000, "models with more columns are first reduced by LP-guided fixing (the LP "
+                                "relaxation by IPM; candidates it leaves unused are fixed to stay)",
+          low=1, high=10**9),
 )
 
 
@@ -204,10 +241,12 @@ _COMMON = (
     paper="Hildebrand et al., AutoTM: Automatic Tensor Movement in Heterogeneous Memory Systems "
           "using Integer Linear Programming, ASPLOS 2020",
 )
-def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=15, ssd=True, gap=1e-3):
+def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=15, ssd=True, gap=1e-3,
+                fix_above=100_000):
     tiers = ("host", "ssd") if ssd and hardware.ssd is not None else ("host",)
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=tiers, window=window, token=False,
-                           gap=gap, fallback=_g10(profile, hardware, budget_bytes, ssd and "ssd" in tiers))
+                           gap=gap, fallback=_g10(profile, hardware, budget_bytes, ssd and "ssd" in tiers),
+                           fix_above=fix_above)
 
 
 @register(
@@ -222,9 +261,10 @@ def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, win
     paper="Lin et al., TMOF: tensor movement orchestration, HPCA 2023 (formulation not public: "
           "this one is written in its spirit)",
 )
-def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, token=False, gap=1e-3):
+def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, token=False, gap=1e-3,
+              fix_above=100_000):
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=token,
-                           gap=gap, fallback=_g10(profile, hardware, budget_bytes, False))
+                           gap=gap, fallback=_g10(profile, hardware, budget_bytes, False), fix_above=fix_above)
 
 
 def _best_of(profile, hardware, budget, names: tuple[str, ...]):
@@ -255,7 +295,7 @@ def _best_of(profile, hardware, budget, names: tuple[str, ...]):
     paper="Jain et al., Checkmate, MLSys 2020 (recompute ILP); Rockmate's OffMate notes (per-step channel "
           "limits): the joint formulation here is this project's",
 )
-def plan_joint(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, gap=1e-3):
+def plan_joint(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, gap=1e-3, fix_above=100_000):
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=False,
                            gap=gap, fallback=_best_of(profile, hardware, budget_bytes, ("capuchin", "g10")),
-                           recompute_too=True)
+                           recompute_too=True, fix_above=fix_above)
