@@ -89,8 +89,10 @@ def choose_hardware(explicit: str | None, plan=None, profile: Profile | None = N
 
 
 def preset_for_device(device: str) -> str | None:
-    """The one preset whose GPU family (A100, H100, V100, 4090, ...) is named in ``device``
-    and, when ``device`` names a memory size (``80GB``), has that much memory; else None."""
+    """The one GPU among the presets whose family (A100, H100, V100, 4090, ...) is named in
+    ``device`` and, when ``device`` names a memory size (``80GB``), has that much memory;
+    else None. Of several presets of that GPU (the RTX 4090 alone and in LoHan's 256 GB
+    workstation), the plain one: the shortest name."""
     from .hardware import load_presets
 
     tokens = set(re.findall(r"[A-Z0-9]+", device.upper()))
@@ -102,8 +104,8 @@ def preset_for_device(device: str) -> str | None:
             continue
         if sizes and f"{preset.gpu.memory_bytes // 2**30}GB" not in sizes:
             continue
-        found.append(preset.name)
-    return found[0] if len(found) == 1 else None
+        found.append((preset.gpu.model, len(preset.name), preset.name))
+    return min(found)[2] if len({model for model, _, _ in found}) == 1 else None
 
 
 def profile_summary(profile: Profile, largest: int = 10) -> dict:

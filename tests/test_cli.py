@@ -68,7 +68,7 @@ def test_validate_bad_plan_exit_2(profile_file, tmp_path):
 def test_hardware_json():
     data = json.loads(run("hardware", "--json").output)
     names = [hw["name"] for hw in data]
-    assert "a100-40gb-pcie4" in names and len(names) == 6
+    assert "a100-40gb-pcie4" in names and len(names) == 8
     a100 = data[names.index("a100-40gb-pcie4")]
     assert a100["gpu"]["memory_bytes"] == 40 * 2**30 and a100["pcie"]["h2d_gbps"] == 24
 

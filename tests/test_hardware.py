@@ -5,8 +5,8 @@ import yaml
 from simulator.errors import InputError
 from simulator.hardware import hardware_from_dict, load_hardware, load_presets, preset_dir, preset_names
 
-PRESETS = ["a100-40gb-pcie4", "a100-80gb-pcie4", "h100-80gb-pcie5", "rtx4090-24gb-pcie4",
-           "v100-16gb-pcie3", "v100-32gb-pcie3"]
+PRESETS = ["a100-40gb-pcie4", "a100-80gb-pcie4", "h100-80gb-pcie5", "h200-141gb-1.5tb-pcie5",
+           "rtx4090-24gb-256gb-pcie4", "rtx4090-24gb-pcie4", "v100-16gb-pcie3", "v100-32gb-pcie3"]
 
 
 def test_all_presets_ship_and_load():
@@ -24,6 +24,10 @@ def test_preset_figures_match_datasheets():
     assert (a100.gpu.fp32_tflops, a100.gpu.fp16_tflops, a100.gpu.hbm_gbps) == (19.5, 312, 1555)
     assert load_hardware("v100-16gb-pcie3").gpu.bf16_tflops is None  # Volta has no bf16
     assert load_hardware("h100-80gb-pcie5").gpu.fp16_tflops == 756  # dense, not sparse
+    # the anchors' setups: MegaTrain's H200 with 1.5 TB host memory, LoHan's 4090 with 256 GB
+    h200, lohan = load_hardware("h200-141gb-1.5tb-pcie5"), load_hardware("rtx4090-24gb-256gb-pcie4")
+    assert (h200.gpu.memory_bytes, h200.host.memory_bytes, h200.gpu.bf16_tflops) == (141 * 10**9, 1.5e12, 989)
+    assert (lohan.gpu.memory_bytes, lohan.host.memory_bytes) == (24 * 2**30, 256 * 10**9)
 
 
 def test_every_preset_cites_sources():
