@@ -111,8 +111,36 @@ def chen_actions(profile: Profile, segments: int, lazy: bool = False) -> tuple[l
     reads it, whichever comes first."""
     segment = segment_of(profile, segments)
     dropped = droppable(profile, segment)
-    last_forward = max(segment) if segment else -1
-    due = _due(profile, dropped, last_forward, lazy)
+    actions = recompute_plan(profile, dropped, lazy)
+    recomputed = [a for a in actions if a.kind == "recompute"]
+    notes = {"segments": segments, "lazy": lazy, "dropped_tensors": len(recomputed),
+             "dropped_bytes": sum(profile.tensor_by_id[a.tensor].bytes for a in recomputed)}
+    return actions, notes
+
+
+def recompute_plan(profile: Profile, dropped: dict[str, int], lazy: bool,
+                   allowed: dict[str, int] | None = None) -> list:
+    """The actions that drop ``dropped`` (tensor -> segment, a subset of ``allowed``,
+    ``droppable``'s set) after their last forward use and recompute them before backward
+    needs them. A source left out that would be gone (or changed in place) by its
+    reader's recompute is dropped and recomputed with it when ``allowed``, else the
+    reader is kept."""
+    dropped = dict(dropped)
+    allowed = dropped if allowed is None else allowed
+    last_forward = max((i for i, op in enumerate(profile.ops) if op.phase == "forward"), default=-1)
+    while True:
+        due = _due(profile, dropped, last_forward, lazy)
+        missing = [(tid, src) for tid in dropped for src in profile.ops[profile.producer[tid]].inputs
+                   if src not in dropped and not profile.tensor_by_id[src].persistent
+                   and (profile.last_use[src] < due[tid]
+                        or any(profile.producer[tid] < u < due[tid] for u in profile.updaters[src]))]
+        if not missing:
+            break
+        for tid, src in missing:
+            if src in allowed:
+                dropped[src] = allowed[src]
+            else:
+                dropped.pop(tid, None)
     ops = profile.ops
     steps, recomputes = [], []
     for tid in sorted(dropped, key=lambda t: (profile.producer[t], t)):
@@ -124,9 +152,7 @@ def chen_actions(profile: Profile, segments: int, lazy: bool = False) -> tuple[l
         steps.append(Step(after, DROP, before, tid, drop(tid, ops[after].id)))
         recomputes.append(((before, profile.producer[tid], tid), recompute(tid, ops[before].id)))
     recomputes.sort(key=lambda r: r[0])
-    notes = {"segments": segments, "lazy": lazy, "dropped_tensors": len(recomputes),
-             "dropped_bytes": sum(profile.tensor_by_id[r.tensor].bytes for _, r in recomputes)}
-    return issue_order(steps) + [r for _, r in recomputes], notes
+    return issue_order(steps) + [r for _, r in recomputes]
 
 
 def _due(profile: Profile, dropped: dict[str, int], last_forward: int, lazy: bool) -> dict[str, int]:
