@@ -1,9 +1,13 @@
-"""Builds the optional C fast path of the simulator (simulator/_fastsim.c).
+"""Builds the optional C fast paths: the simulator's (simulator/_fastsim.c) and the
+swapadvisor decoder's (planner/swapadvisor/_fastdecode.c).
 
-Everything else is declared in pyproject.toml. The extension is optional: without a
-C compiler the install still succeeds and the simulator uses its pure-Python path.
+Everything else is declared in pyproject.toml. The extensions are optional: without a
+C compiler the install still succeeds and the pure-Python paths are used.
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("simulator._fastsim", sources=["simulator/_fastsim.c"], optional=True,
-                             extra_compile_args=["-O2"])])
+setup(ext_modules=[
+    Extension("simulator._fastsim", sources=["simulator/_fastsim.c"], optional=True, extra_compile_args=["-O2"]),
+    Extension("planner.swapadvisor._fastdecode", sources=["planner/swapadvisor/_fastdecode.c"], optional=True,
+              extra_compile_args=["-O2"]),
+])

@@ -15,12 +15,13 @@ from functools import partial
 
 from . import fastpath
 from .compiled import compile_machine, compile_profile
-from .engine import invalid_result, resolve_budget, run_program
+from .engine import check_budget, invalid_result, resolve_budget, run_program
 from .hardware import Hardware
 from .plan import Plan, check_plan
 from .profile import Profile
 from .program import PlanInvalid, compile_program
 from .result import Result
+from .units import MAX_COUNT
 
 
 def simulate(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None = None,
@@ -121,6 +122,19 @@ class Simulator:
         with _gc_paused():
             return [self._score(plan, budget_bytes) for plan in plans]
 
+    def score_packed(self, packed: tuple, budget_bytes: int, plan) -> Score:
+        """``score(plan())`` for a plan packed already (fastpath.pack_positions), with no
+        Action objects made: ``plan`` (a callable making the Plan) runs only to word an
+        error, or where C cannot score it (not built, too many actions, 64-bit overflow)."""
+        with _gc_paused():
+            if fastpath.available() and len(packed[0]) <= MAX_COUNT:
+                budget = check_budget(budget_bytes, self.hardware)
+                check = partial(_check_made, plan, self.profile, self.machine.has_ssd)
+                score = fastpath.score_packed(self.compiled, self.machine, packed, budget, check)
+                if score is not None:
+                    return score
+            return self._score(plan(), budget_bytes)
+
     def _score(self, plan: Plan, budget_bytes: int | None) -> Score:
         budget = self.budget(plan, budget_bytes)
         check = partial(check_plan, plan, self.profile, self.machine.has_ssd)
@@ -132,6 +146,11 @@ class Simulator:
             check()
         result = self._reference(plan, budget, False)
         return score_of(result, self, plan)
+
+
+def _check_made(plan, profile: Profile, has_ssd: bool) -> None:
+    """check_plan of the plan ``plan()`` makes."""
+    check_plan(plan(), profile, has_ssd)
 
 
 def score_of(result: Result, simulator: Simulator, plan: Plan) -> Score:

@@ -131,12 +131,30 @@ def _result(compiled: CompiledProfile, machine: Machine, out: tuple, budget: int
     return result
 
 
+def pack_positions(compiled: CompiledProfile, kinds: bytes, tensors: bytes, afters: bytes, befores: bytes,
+                   schedule, initial: bytes) -> tuple:
+    """``pack_plan``'s tuple for a plan given in positions, every tier host memory:
+    ``kinds`` one byte per action in _fastsim's codes (0 offload, 1 prefetch, 2 drop,
+    3 recompute); ``tensors``, ``afters`` and ``befores`` (op positions, -1: none) and
+    ``initial`` (tensor positions) int32 bytes; ``schedule`` an int32 array of op
+    positions, or None for the profile's order. What a search that decodes straight to
+    positions (swapadvisor) scores without making Action objects."""
+    order = compiled.profile_order if schedule is None else schedule
+    return (kinds, bytes(len(kinds)), memoryview(tensors).cast("i"), memoryview(afters).cast("i"),
+            memoryview(befores).cast("i"), order, int(schedule is not None), memoryview(initial).cast("i"),
+            bytes(len(initial) // 4))
+
+
 def score(compiled: CompiledProfile, machine: Machine, plan: Plan, budget: int, check):
     """A Score from C alone; None when the run overflows 64 bits. An infeasible plan is
     run once more with no budget, to say how many bytes over budget it goes. ``check``
     is check_plan for this plan: it runs only to word an error packing or C found."""
+    return score_packed(compiled, machine, _packed(compiled, plan, machine.has_ssd, check), budget, check)
+
+
+def score_packed(compiled: CompiledProfile, machine: Machine, packed: tuple, budget: int, check):
+    """``score`` of a plan packed already (``pack_plan`` or ``pack_positions``)."""
     from .api import Score
-    packed = _packed(compiled, plan, machine.has_ssd, check)
     out = _run(compiled, machine, packed, budget, check)
     status = out[0]
     if status == OVERFLOW:

@@ -18,12 +18,17 @@ last use (R20).
 Every action follows from the plan's own structure (R11-R16, R21), so a decoded plan is
 always valid; it may be infeasible (the estimate ignores copy times), and the simulator
 then ranks it by how far over the budget it goes.
+
+The decoder runs in C when its extension is built (planner/swapadvisor/_fastdecode.c,
+the same steps with the same arithmetic: identical plans); ``Decoder.reference`` is
+this Python decoder, the reference and the fallback.
 """
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,9 +38,21 @@ from simulator.profile import Profile
 
 from ..lowering import DROP, OFFLOAD, PREFETCH
 
+try:
+    from . import _fastdecode
+except ImportError:  # no C compiler at install time: the Python decoder is used
+    _fastdecode = None
+
 SPREAD = 4.0          # a gene of 0 or 1 scales what it weighs by 1/4 or 4
 RECOMPUTE = 3         # issue-order phase of recomputes (after the transfers at an op)
 LAYOUT_CACHE = 64     # schedules whose derived facts are kept (children often share one)
+ABI = 1               # the C decoder's argument and result layout; _fastdecode.ABI must match
+_PHASE = (OFFLOAD, PREFETCH, DROP, RECOMPUTE)   # the C decoder's action codes -> issue phases
+
+
+def available() -> bool:
+    """True when the C decoder of this version was built."""
+    return _fastdecode is not None and getattr(_fastdecode, "ABI", None) == ABI
 
 
 @dataclass
@@ -47,6 +64,21 @@ class Decoded:
     swaps: int = 0
     recomputes: int = 0
     over_bytes: int = 0            # estimated bytes over budget that no eviction removed
+
+
+class Columns(NamedTuple):
+    """A plan from the C decoder, in positions: ``kinds`` in the simulator's action codes
+    (0 offload, 1 prefetch, 2 drop, 3 recompute), ``tensors``, ``afters`` and ``befores``
+    (op index, -1: none) and ``initial`` (tensors that start in host memory) as int32 bytes."""
+    kinds: bytes
+    tensors: bytes
+    afters: bytes
+    befores: bytes
+    initial: bytes
+    identity: bool                 # the schedule is the profile's order
+    swaps: int
+    recomputes: int
+    over_bytes: int
 
 
 class Problem:
@@ -94,6 +126,20 @@ class Problem:
             self.remake_inputs[t] = [index[x] for x in dict.fromkeys(ops[made_by].inputs)]
         self.producer = np.array([-1 if profile.producer[t.id] is None else profile.producer[t.id]
                                   for t in tensors], dtype=np.int64)
+        self.arrays = self._arrays()
+
+    def _arrays(self) -> tuple:
+        """The facts the C decoder reads (_fastdecode.c), as int64, float64 and bool arrays."""
+        n, m = self.n, self.m
+        by_tensor = np.argsort(self.update_t, kind="stable")
+        remake = [self.remake_inputs.get(t, []) for t in range(m)]
+        return (self.bytes, self.persistent, self.producer, self.workspace, self.time_us,
+                np.searchsorted(self.touch_op, np.arange(n + 1)).astype(np.int64), self.touch_t,
+                self.idle_persistent.astype(np.int64),
+                np.searchsorted(self.update_t[by_tensor], np.arange(m + 1)).astype(np.int64),
+                self.update_op[by_tensor],
+                np.r_[0, np.cumsum([len(x) for x in remake], dtype=np.int64)].astype(np.int64),
+                np.array([x for xs in remake for x in xs], dtype=np.int64))
 
 
 class Layout:
@@ -168,10 +214,12 @@ class _State:
 
 
 class Decoder:
-    """Decodes chromosomes of one problem; keeps the layouts of recent schedules."""
+    """Decodes chromosomes of one problem: in C when built (``fast``), else in Python,
+    which keeps the layouts of recent schedules."""
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, fast: bool = True):
         self.problem = problem
+        self.fast = fast and available()
         self._layouts: OrderedDict[bytes, Layout] = OrderedDict()
         self._actions_made: dict[tuple, Action] = {}
 
@@ -188,7 +236,38 @@ class Decoder:
 
     def decode(self, order: np.ndarray, genes: np.ndarray) -> Decoded:
         """``order``: op positions in schedule order; ``genes``: shape (2, tensors),
-        row 0 the eviction priority, row 1 the leaning to recompute; both in [0, 1]."""
+        row 0 the eviction priority, row 1 the leaning to recompute; both in [0, 1].
+        The C decoder when built, else the reference: the same Decoded either way."""
+        if self.fast:
+            return self.decoded(self.columns(order, genes), order)
+        return self.reference(order, genes)
+
+    def columns(self, order: np.ndarray, genes: np.ndarray) -> Columns:
+        """The C decoder's plan in positions (needs ``fast``). The genes' transforms are
+        numpy's, exactly as the reference computes them, so the keys agree to the bit."""
+        problem, genes = self.problem, np.asarray(genes)
+        weight = np.exp2(SPREAD * (genes[0] - 0.5)).astype(np.float64, copy=False)
+        remakable = problem.remake_us < problem.copy_us * np.exp2(SPREAD * (genes[1] - 0.5))
+        return Columns(*_fastdecode.decode(problem.arrays, problem.persistent_bytes, problem.budget,
+                                           np.ascontiguousarray(order, dtype=np.int64),
+                                           np.ascontiguousarray(weight), np.ascontiguousarray(remakable)))
+
+    def decoded(self, columns: Columns, order: np.ndarray) -> Decoded:
+        """The Decoded of the C decoder's columns, with real Actions (each made once)."""
+        problem, made_before, make = self.problem, self._actions_made, self._action
+        actions = []
+        for kind, t, after, before in zip(columns.kinds, memoryview(columns.tensors).cast("i"),
+                                          memoryview(columns.afters).cast("i"), memoryview(columns.befores).cast("i")):
+            key = (_PHASE[kind], t, after if after >= 0 else None, before if before >= 0 else None)
+            actions.append(made_before.get(key) or make(*key))
+        ids = problem.tensor_ids
+        return Decoded(actions=actions,
+                       schedule=None if columns.identity else [problem.op_ids[v] for v in np.asarray(order).tolist()],
+                       initial={ids[t]: "host" for t in memoryview(columns.initial).cast("i")},
+                       swaps=columns.swaps, recomputes=columns.recomputes, over_bytes=columns.over_bytes)
+
+    def reference(self, order: np.ndarray, genes: np.ndarray) -> Decoded:
+        """The Python decoder (``decode``'s reference and fallback)."""
         lay = self.layout(order)
         state = _State(lay)
         self._evict(lay, state, genes)

@@ -13,6 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
+from simulator import fastpath
 from simulator.api import Simulator
 from simulator.errors import InputError
 from simulator.plan import Plan
@@ -27,6 +28,8 @@ class Worker:
         self.profile, self.budget = profile, int(budget_bytes)
         self.decoder = Decoder(Problem(profile, hardware, budget_bytes))
         self.simulator = Simulator(profile, hardware)
+        # both C paths built: decode to positions and score them with no Action objects
+        self.positions = self.decoder.fast and fastpath.available()
 
     def plan(self, decoded: Decoded) -> Plan:
         return Plan(profile_name=self.profile.name, profile_sha256=self.simulator.compiled.sha256,
@@ -36,7 +39,19 @@ class Worker:
 
     def rank(self, order: np.ndarray, genes: np.ndarray) -> tuple:
         """``Score.rank()`` of the decoded plan: feasible by time, then by bytes over budget."""
+        if self.positions:
+            return self._rank_positions(order, genes)
         return self.simulator.score(self.plan(self.decoder.decode(order, genes)), self.budget).rank()
+
+    def _rank_positions(self, order: np.ndarray, genes: np.ndarray) -> tuple:
+        """``rank`` with the C decoder's columns packed straight for the C simulator (the
+        same Score: the Plan is made only if the simulator needs it)."""
+        columns = self.decoder.columns(order, genes)
+        schedule = None if columns.identity else np.ascontiguousarray(order, dtype=np.int32)
+        packed = fastpath.pack_positions(self.simulator.compiled, columns.kinds, columns.tensors, columns.afters,
+                                         columns.befores, schedule, columns.initial)
+        return self.simulator.score_packed(packed, self.budget,
+                                           lambda: self.plan(self.decoder.decoded(columns, order))).rank()
 
     def ranks(self, chunk: list) -> list[tuple]:
         return [self.rank(order, genes) for order, genes in chunk]
