@@ -6,8 +6,11 @@ C compiler the install still succeeds and the pure-Python paths are used.
 """
 from setuptools import Extension, setup
 
+ARENA = dict(include_dirs=["simulator"], depends=["simulator/_arena.h"])   # the allocator both share
+
 setup(ext_modules=[
-    Extension("simulator._fastsim", sources=["simulator/_fastsim.c"], optional=True, extra_compile_args=["-O2"]),
+    Extension("simulator._fastsim", sources=["simulator/_fastsim.c"], optional=True, extra_compile_args=["-O2"],
+              **ARENA),
     Extension("planner.swapadvisor._fastdecode", sources=["planner/swapadvisor/_fastdecode.c"], optional=True,
-              extra_compile_args=["-O2"]),
+              extra_compile_args=["-O2"], **ARENA),
 ])

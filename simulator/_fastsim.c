@@ -30,6 +30,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_arena.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,34 +50,7 @@ enum { W_START = 0, W_OP, W_RECOMPUTE, W_PREFETCH, W_STUCK, W_CAPACITY };
 #define MAX_COUNT (INT32_MAX / 4)   /* ops, tensors, actions, pairs: far above R23's 10^7 */
 #define MAX_VALUE (((int64_t)1) << 62)
 
-/* ================================================================== allocation */
-
-/* Every array of one call, freed together; the list of blocks grows as needed. */
-typedef struct { void **block; size_t n, cap; int failed; } Arena;
-
-static void *take(Arena *a, size_t count, size_t size) {
-    if (a->failed) return NULL;
-    if (count == 0) count = 1;
-    if (size != 0 && count > SIZE_MAX / size) { a->failed = 1; return NULL; }
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? 2 * a->cap : 64;
-        void **grown = realloc(a->block, cap * sizeof(void *));
-        if (grown == NULL) { a->failed = 1; return NULL; }
-        a->block = grown;
-        a->cap = cap;
-    }
-    void *p = calloc(count, size);
-    if (p == NULL) { a->failed = 1; return NULL; }
-    a->block[a->n++] = p;
-    return p;
-}
-
-static void release_all(Arena *a) {
-    for (size_t i = 0; i < a->n; i++) free(a->block[i]);
-    free(a->block);
-    a->block = NULL;
-    a->n = a->cap = 0;
-}
+/* ================================================================== allocation (the arena: _arena.h) */
 
 /* Group (key, value) pairs by key 0..n-1 into CSR form, keeping their order within a key. */
 static int group_by(Arena *a, int64_t n, const int32_t *keys, const int32_t *values, int64_t count,

@@ -60,9 +60,12 @@ def graphs(draw):
     return make_profile(tensors, ops, "random")
 
 
+# full and half duplex, with and without latency, fast and slow links
+MACHINES = st.sampled_from([machine(), machine(duplex="half", pcie_latency=3), machine(h2d=0.05, d2h=0.05)])
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graphs(), st.integers(0, 2**32 - 1), st.floats(0.0, 1.0),
-       st.sampled_from([machine(), machine(duplex="half", pcie_latency=3), machine(h2d=0.05, d2h=0.05)]))
+@given(graphs(), st.integers(0, 2**32 - 1), st.floats(0.0, 1.0), MACHINES)
 def test_decoding_random_chromosomes_of_random_graphs_gives_valid_plans(profile, seed, squeeze, hw):
     rng = np.random.default_rng(seed)
     dag = Dag(profile)

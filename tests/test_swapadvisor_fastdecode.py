@@ -17,8 +17,7 @@ from planner.swapadvisor.search import Search
 from simulator import fastpath
 from simulator.catalog import open_profile
 from simulator.hardware import load_hardware
-from tests.engine_helpers import machine
-from tests.test_swapadvisor import graphs
+from tests.test_swapadvisor import MACHINES, graphs
 from tracer.synthetic import synthesize
 
 pytestmark = pytest.mark.skipif(not decode.available(), reason="the C decoder (planner/swapadvisor/_fastdecode.c) "
@@ -90,8 +89,7 @@ def test_synthetic_profiles_decode_alike(model, size):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graphs(), st.integers(0, 2**32 - 1), st.floats(0.0, 1.0),
-       st.sampled_from([machine(), machine(duplex="half", pcie_latency=3), machine(h2d=0.05, d2h=0.05)]))
+@given(graphs(), st.integers(0, 2**32 - 1), st.floats(0.0, 1.0), MACHINES)
 def test_random_graphs_decode_alike(profile, seed, squeeze, hw):
     # empty tensors, untouched weights, in-place updates of activations, workspaces
     rng = np.random.default_rng(seed)

@@ -201,8 +201,9 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     chosen = retarget(profile, chosen, redone, chains)
     estimate = predicted_us(form, solution.values)
     result, actions, queue = None, None, None
+    steps_us = step_times(form, solution.values)
     for name in QUEUES:   # the lowering the simulator runs fastest (the first of equals)
-        lowered = to_actions(profile, chosen, redone, chains, name, step_times(form, solution.values))
+        lowered = to_actions(profile, chosen, redone, chains, name, steps_us)
         tried = score(profile, hardware, budget, lowered)
         if result is None or (tried.ok, -tried.iteration_us if tried.ok else 0) > \
                 (result.ok, -result.iteration_us if result.ok else 0):

@@ -29,6 +29,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_arena.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -39,45 +40,7 @@ enum { K_OFFLOAD = 0, K_PREFETCH = 1, K_DROP = 2, K_RECOMPUTE = 3 };   /* simula
 enum { P_DROP = 0, P_OFFLOAD = 1, P_PREFETCH = 2, P_RECOMPUTE = 3 };   /* issue-order phases (lowering) */
 enum { NPROBLEM = 12 };
 
-/* ================================================================== allocation */
-
-/* Every array of one call, freed together. */
-typedef struct { void **block; size_t n, cap; int failed; } Arena;
-
-/* An array of count items from the arena, zeroed if asked (NULL, and the arena marked
- * failed, on failure). */
-static void *grab(Arena *a, size_t count, size_t size, int zeroed) {
-    if (a->failed) return NULL;
-    if (count == 0) count = 1;
-    if (size != 0 && count > SIZE_MAX / size) { a->failed = 1; return NULL; }
-    if (a->n == a->cap) {
-        size_t cap = a->cap ? 2 * a->cap : 32;
-        void **grown = realloc(a->block, cap * sizeof(void *));
-        if (grown == NULL) { a->failed = 1; return NULL; }
-        a->block = grown;
-        a->cap = cap;
-    }
-    void *p = zeroed ? calloc(count, size) : malloc(count * size);
-    if (p == NULL) { a->failed = 1; return NULL; }
-    a->block[a->n++] = p;
-    return p;
-}
-
-/* A zeroed array (counters, flags, pending updates). */
-static void *take(Arena *a, size_t count, size_t size) { return grab(a, count, size, 1); }
-
-/* An array every entry of which is written before it is read. */
-static void *take_raw(Arena *a, size_t count, size_t size) { return grab(a, count, size, 0); }
-
-/* Free every array the arena handed out. */
-static void release_all(Arena *a) {
-    for (size_t i = 0; i < a->n; i++) free(a->block[i]);
-    free(a->block);
-    a->block = NULL;
-    a->n = a->cap = 0;
-}
-
-/* ================================================================== inputs */
+/* ================================================================== inputs (arrays from _arena.h) */
 
 typedef struct {
     int64_t n, m, n_touch, n_idle, n_upd, n_rin;
