@@ -18,7 +18,8 @@ CROSSOVER = 0.9         # the share of children made by crossover (the rest copy
 SIGMA = 0.15            # a mutated gene moves by a normal step of this size
 EVAL_SHARE = 0.5        # the share of the time limit the evaluation budget is planned for
 NOMINAL_MS = 2.0        # the cost model of decoding and scoring one chromosome: NOMINAL_MS
-NOMINAL_US_PER_OP = 40.0  # + NOMINAL_US_PER_OP x ops (about 3x what one idle core takes)
+NOMINAL_US_PER_OP = 40.0  # + NOMINAL_US_PER_OP x ops (about 3x the Python decoder's cost on one
+                          # idle core; the C decoder takes about 1/45 of it: not yet re-calibrated)
 DEFAULT_TIME_LIMIT = 60.0
 SEEDS = "g10,capuchin,lms"
 
