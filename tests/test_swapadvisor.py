@@ -201,16 +201,26 @@ def test_same_seed_same_plan(transformer):
 def test_a_time_limit_becomes_a_deterministic_evaluation_budget(transformer, monkeypatch):
     # the cost model turns the time limit into a number of evaluations; made 100x dearer
     # here, 30 s allow about 60, far fewer than the wall clock would
-    monkeypatch.setattr(search, "NOMINAL_MS", 200.0)
+    monkeypatch.setattr(search, "NOMINAL_COST", {"c": (200.0, 0.0), "python": (200.0, 0.0)})
     budget = int(transformer.peak_bytes * 0.6)
     params = dict(SMALL, generations=1000, patience=1000)
     runs = [make_plan(transformer, HW, budget, "swapadvisor", params,
                       options=RunOptions(seed=3, time_limit=30.0)).plan for _ in range(2)]
     notes = runs[0].planner.notes
     assert notes["stop"] == "evaluation budget (time limit)"
-    assert notes["evaluation_budget"] == search.evaluation_budget(30.0, len(transformer.ops), SMALL["population"])
+    assert notes["evaluation_budget"] == search.evaluation_budget(30.0, len(transformer.ops), SMALL["population"],
+                                                                  notes["decoder"])
     assert notes["evaluations"] <= notes["evaluation_budget"] < notes["evaluations"] + SMALL["population"]
     assert plan_json(runs[0]) == plan_json(runs[1])
+
+
+def test_the_cost_model_follows_the_decoder_in_use():
+    # the C decoder is charged far less per evaluation than the Python one, so the same
+    # limit buys it more evaluations; both grow with the limit and shrink with the ops
+    c, py = (search.evaluation_budget(60.0, 771, 32, d) for d in ("c", "python"))
+    assert c > 10 * py > 0
+    assert search.evaluation_budget(120.0, 771, 32) > c > search.evaluation_budget(60.0, 5000, 32)
+    assert search.evaluation_budget(0.0, 771, 32) == 32
 
 
 def test_two_processes_and_a_dask_cluster_give_the_same_plan(transformer):

@@ -28,7 +28,7 @@ via Smart Swapping", ASPLOS 2020.
 - **Determinism under a time limit**: all randomness comes from one Generator seeded by
   ``--seed``, and the search stops at a generation boundary on a deterministic
   evaluation budget: the time limit x EVAL_SHARE, divided by a nominal cost per
-  evaluation (NOMINAL_US_PER_OP x ops). The wall clock is only a safety stop for a
+  evaluation (NOMINAL_COST: per decoder, a fixed part + a part per op). The wall clock is only a safety stop for a
   machine far slower than the model; the notes then say the run was cut there.
 """
 from . import search  # noqa: F401  (registers the planner)

@@ -17,9 +17,10 @@ ELITE = 2               # the best individuals pass to the next generation uncha
 CROSSOVER = 0.9         # the share of children made by crossover (the rest copy a parent)
 SIGMA = 0.15            # a mutated gene moves by a normal step of this size
 EVAL_SHARE = 0.5        # the share of the time limit the evaluation budget is planned for
-NOMINAL_MS = 2.0        # the cost model of decoding and scoring one chromosome: NOMINAL_MS
-NOMINAL_US_PER_OP = 40.0  # + NOMINAL_US_PER_OP x ops (about 3x the Python decoder's cost on one
-                          # idle core; the C decoder takes about 1/45 of it: not yet re-calibrated)
+# The cost model of decoding and scoring one chromosome, per decoder: (ms, us per op), about
+# three times what one idle core takes (C decoder + C simulator: ~0.35 ms + ~0.9 us per op;
+# the Python decoder: ~0.7 ms + ~13 us per op), so a slower or busy machine still finishes.
+NOMINAL_COST = {"c": (0.3, 2.5), "python": (2.0, 40.0)}
 DEFAULT_TIME_LIMIT = 60.0
 SEEDS = "g10,capuchin,lms"
 
@@ -157,10 +158,12 @@ class Search:
         return self.score(people[:ELITE] + children)
 
 
-def evaluation_budget(time_limit: float, ops: int, population: int) -> int:
+def evaluation_budget(time_limit: float, ops: int, population: int, decoder: str = "c") -> int:
     """How many chromosomes the search may score: the time limit turned into a count by
-    the fixed cost model, so that where the search stops never depends on the machine."""
-    return max(population, int(EVAL_SHARE * time_limit * 1e3 / (NOMINAL_MS + NOMINAL_US_PER_OP * ops / 1e3)))
+    the decoder's fixed cost model, so that where the search stops never depends on the
+    machine (only on whether the C decoder is built)."""
+    ms, us_per_op = NOMINAL_COST[decoder]
+    return max(population, int(EVAL_SHARE * time_limit * 1e3 / (ms + us_per_op * ops / 1e3)))
 
 
 def describe(rank: tuple) -> str:
@@ -220,7 +223,8 @@ def plan_swapadvisor(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS
         hall, failed = run_seeds(profile, hardware, budget, names, options, evaluate.local.simulator)
         search = Search(profile, evaluate, np.random.default_rng(options.seed), population, mutation_rate)
         searching = time.perf_counter()
-        allowed = evaluation_budget(limit, len(profile.ops), population)
+        decoder = "c" if evaluate.local.decoder.fast else "python"
+        allowed = evaluation_budget(limit, len(profile.ops), population, decoder)
         people = search.first(hall)
         history = History()
         best, stale, generation, stop = people[0], 0, 0, "generations"
@@ -270,6 +274,7 @@ def plan_swapadvisor(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS
                 f"({'the search' if improved else 'seed ' + top_seed.name})")
     draft.notes = {
         "generations": generation, "evaluations": search.evaluations, "evaluation_budget": allowed,
+        "decoder": decoder,
         "stop": stop, "best_seed": top_seed.name if top_seed else None,
         "seeds": {s.name: describe(s.rank) for s in hall}, "seed_failures": failed,
         "improved_over_seeds": bool(improved and top_seed is not None),
