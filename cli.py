@@ -265,8 +265,8 @@ def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, as_js
     result = run_simulation(loaded, loaded_plan, hardware, budget_bytes,
                             record=bool(timeline_out or plot_out))
     # any plan may swap, recompute and move weights: the most general bound applies
-    bound = bound_fields(lower_bound(loaded, hardware, result.budget_bytes, recompute=True, moves_persistent=True),
-                         result)
+    bound = bound_fields(lower_bound(loaded, hardware, result.budget_bytes, recompute=True, moves_persistent=True,
+                                     cpu_ops=loaded_plan.uses_cpu), result)
     if timeline_out and result.timeline is not None:
         write_chrome_trace(result, timeline_out, title=f"{loaded.name} on {hardware.name}")
     if plot_out and result.timeline is not None:
@@ -301,6 +301,8 @@ def _print_result(profile_name: str, hardware_name: str, result, bound: dict | N
         click.echo(f"  bound      {format_us(bound['lower_bound_us'])}  (no {bound['bound']} plan is faster; "
                    f"this one is {bound['gap_to_bound'] * 100:.2f}% above it)")
     click.echo(f"  compute    {format_us(result.compute_us)}  (recompute {format_us(result.recompute_us)})")
+    if result.cpu_us:
+        click.echo(f"  cpu        {format_us(result.cpu_us)}  (ops on the host CPU, R24-R28)")
     click.echo(f"  stalls     {format_us(result.stall_us)}  (data {format_us(result.stall_data_us)}, "
                f"memory {format_us(result.stall_memory_us)}), tail {format_us(result.tail_us)}")
     click.echo(f"  peak       {format_bytes(result.peak_bytes)} at {format_us(result.peak_at_us)}")
@@ -416,26 +418,39 @@ def _print_replay(r: dict) -> None:
 
 @app.command("trace")
 @click.argument("model", required=False)
+@click.option("--hf-config", "hf_config", default=None, metavar="CONFIG.json",
+              help="Trace a transformers causal LM from a local config.json instead of MODEL (built on the "
+                   "meta device, nothing downloaded; shipped: tracer/configs/llama2-7b.json, llama2-13b.json, "
+                   "llama2-70b.json, mistral-7b.json) [default batch 1, seq 1024].")
 @click.option("--batch", type=int, default=None, help="Batch size [default: the model's].")
 @click.option("--seq", type=int, default=None,
               help="Sequence length (language models) or image side in pixels (vision) [default: the model's].")
-@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True)
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
+              help="Pure training in this dtype: weights, optimizer state and activations all in it.")
+@click.option("--amp", type=click.Choice(["bf16", "fp16"]), default=None,
+              help="Mixed precision: autocast forward, weights and gradients in this dtype, fp32 master "
+                   "weights and optimizer state (AdamW: 16 bytes per parameter); per parameter the optimizer "
+                   "ops optim::adamw_foreach, optim::cast_master, optim::copy_param. fp16 adds a static "
+                   "loss scale. Not with --dtype bf16/fp16.")
 @click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw", show_default=True)
 @click.option("--hardware", "hardware_name", default="a100-40gb-pcie4", show_default=True,
               help="Preset or hardware file whose roofline times the kernels.")
 @click.option("--cpu-kernels", is_flag=True, help="Keep the CPU's kernel choices (math attention, float "
-                                                  "dropout masks) instead of those a CUDA run picks.")
+                                                  "dropout masks, CPU autocast lists) instead of those a CUDA "
+                                                  "run picks.")
 @click.option("--name", default=None, help="Profile name [default: <model>-b<batch>-s<seq>...].")
 @click.option("--list", "list_models", is_flag=True, help="List the registered models and exit.")
 @click.option("-o", "--output", default=None, help="Profile file to write (.json, .json.gz, .yaml).")
-def trace_cmd(model, batch, seq, dtype, optimizer, hardware_name, cpu_kernels, name, list_models, output) -> None:
+def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name, cpu_kernels, name, list_models,
+              output) -> None:
     """Trace one training step of MODEL (forward, backward, optimizer) on fake tensors:
     no weights, no GPU, no download; kernel times from a roofline of the hardware.
 
     MODEL is a registered name (gpt2, gpt2-medium, bert-base, bert-large, llama-1b,
     vit-base, resnet50, resnet152, vgg16; see --list) or module:callable, a function of
-    yours returning (nn.Module, example inputs[, loss_fn[, targets]]). Needs the `trace`
-    extra (torch, transformers).
+    yours returning (nn.Module, example inputs[, loss_fn[, targets]]); or, instead of
+    MODEL, --hf-config config.json (any transformers causal LM: Llama, Mistral, ...).
+    Needs the `trace` extra (torch, transformers). See docs/tracing.md.
     """
     from simulator.profile import save_profile
 
@@ -447,17 +462,18 @@ def trace_cmd(model, batch, seq, dtype, optimizer, hardware_name, cpu_kernels, n
         _table(None, ["model", "batch", "seq", "description"],
                [[e.name, e.batch, e.seq, e.description] for e in REGISTRY.values()], right={1, 2})
         return
-    if model is None or output is None:
-        raise click.UsageError("MODEL and -o/--output are required (or --list)")
+    if (model is None and hf_config is None) or output is None:
+        raise click.UsageError("MODEL (or --hf-config) and -o/--output are required (or --list)")
     _outputs(output)
-    click.echo(f"tracing {model} ...", err=True)
+    what = model if hf_config is None else hf_config
+    click.echo(f"tracing {what} ...", err=True)
     try:
         profile = trace(model, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer, hardware=hardware_name,
-                        name=name, gpu_kernels=not cpu_kernels)
+                        name=name, gpu_kernels=not cpu_kernels, amp=amp, hf_config=hf_config)
     except ModuleNotFoundError as exc:  # transformers, for the Hugging Face models
         if (exc.name or "").split(".")[0] not in ("torch", "transformers"):
             raise
-        raise InputError("<argument>", "trace", f"tracing {model} needs {exc.name}; {_TRACE_HINT}") from None
+        raise InputError("<argument>", "trace", f"tracing {what} needs {exc.name}; {_TRACE_HINT}") from None
     save_profile(profile, output)
     click.echo(f"wrote {output}: {profile.name}, {len(profile.ops)} ops, {len(profile.tensors)} tensors, "
                f"peak {format_bytes(profile.peak_bytes)}, ideal {format_us(profile.ideal_us)}")
@@ -725,9 +741,10 @@ def hardware_cmd(as_json: bool) -> None:
         rows.append([hw.name, format_bytes(hw.gpu.memory_bytes), f"{hw.gpu.fp32_tflops:g}",
                      f"{hw.gpu.fp16_tflops:g}", f"{hw.gpu.hbm_gbps:g}",
                      f"{hw.pcie.h2d_gbps:g}/{hw.pcie.d2h_gbps:g} GB/s {hw.pcie.duplex}",
-                     format_bytes(hw.host.memory_bytes), ssd])
+                     format_bytes(hw.host.memory_bytes), ssd,
+                     f"{hw.cpu.tflops:g} TF, {hw.cpu.mem_gbps:g} GB/s" if hw.cpu else "-"])
     _table(None, ["preset", "GPU memory", "FP32 TF", "FP16 TF", "HBM GB/s", "PCIe h2d/d2h",
-                  "host", "SSD read/write"], rows, right={1, 2, 3, 4})
+                  "host", "SSD read/write", "CPU (ops)"], rows, right={1, 2, 3, 4})
 
 
 @app.command("profiles")

@@ -75,7 +75,10 @@ def replay(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int |
     if size_scale is not None and size_scale > 1:
         raise InputError("<argument>", "--size-scale", f"must be at most 1, got {size_scale}")
     machine = compile_machine(hardware)
-    check_plan(plan, profile, machine.has_ssd)
+    check_plan(plan, profile, machine.has_ssd, machine.cpu is not None)
+    if plan.uses_cpu:
+        raise InputError(plan.origin, "cpu_ops", "the executor does not replay ops on the CPU or SSD <-> host "
+                                                 "copies (load, store) yet: `swapplan simulate` scores this plan")
     budget = resolve_budget(budget_bytes, plan, hardware)
     predicted = simulate(profile, plan, hardware, budget)
     base_us = predicted.iteration_us if predicted.ok else profile.ideal_us

@@ -58,25 +58,26 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     plan = Plan(profile_name=profile.name, profile_sha256=profile_sha256(profile),
                 actions=tuple(draft.actions), hardware=hardware.name, budget_bytes=budget_bytes,
                 schedule=None if draft.schedule is None else tuple(draft.schedule),
-                initial=dict(draft.initial))
+                initial=dict(draft.initial), cpu_ops=tuple(draft.cpu_ops))
     result = simulate(profile, plan, hardware, budget_bytes)  # the plan as exported
     bound = lower_bound(profile, hardware, budget_bytes, recompute=spec.recomputes,
-                        moves_persistent=spec.moves_persistent)
+                        moves_persistent=spec.moves_persistent, cpu_ops=plan.uses_cpu)
     status = draft.status if result.ok else ("invalid" if not result.valid else "infeasible")
     plan.planner = PlannerInfo(name=planner, params=resolved, status=status, gap=draft.gap, seed=options.seed,
                                notes=_plain(draft.notes), estimate_us=draft.estimate_us,
-                               lower_bound_us=bound.iteration_us if bound.feasible else None,
+                               lower_bound_us=bound.value_us,
                                bound=bound.kind)
     plan.predicted = prediction(result, bound)
     return Planned(plan, result, seconds)
 
 
 def score(profile: Profile, hardware: Hardware, budget_bytes: int, actions, initial: dict | None = None,
-          schedule=None) -> Result:
+          schedule=None, cpu_ops=()) -> Result:
     """Simulate a candidate set of actions: how planners with a feedback loop or a tuner
     judge their own candidates."""
     plan = Plan(profile_name=profile.name, profile_sha256=profile_sha256(profile), actions=tuple(actions),
-                initial=dict(initial or {}), schedule=None if schedule is None else tuple(schedule))
+                initial=dict(initial or {}), schedule=None if schedule is None else tuple(schedule),
+                cpu_ops=tuple(cpu_ops))
     return simulate(profile, plan, hardware, budget_bytes)
 
 

@@ -47,22 +47,37 @@ class Bound:
     recompute: bool
     moves_persistent: bool
     feasible: bool = True     # False: no plan of this kind fits the budget at all
+    applies: bool = True      # False: the plan runs ops on the CPU, which the argument leaves out
 
     @property
     def kind(self) -> str:
-        """Which bound: ``swap`` or ``swap+recompute``, ``+persistent`` when weights move."""
+        """Which bound: ``swap`` or ``swap+recompute``, ``+persistent`` when weights move;
+        ``none (ops on the CPU)`` when it does not apply."""
+        if not self.applies:
+            return "none (ops on the CPU)"
         return ("swap+recompute" if self.recompute else "swap") + ("+persistent" if self.moves_persistent else "")
+
+    @property
+    def value_us(self) -> float | None:
+        """The bound in us; None when no plan of its kind fits or it does not apply."""
+        return self.iteration_us if self.feasible and self.applies else None
 
     def gap(self, iteration_us: float) -> float | None:
         """How far a plan's time is above the bound (0.05 = 5% above); None if infinite."""
-        if not self.feasible or self.iteration_us <= 0:
+        if not self.feasible or not self.applies or self.iteration_us <= 0:
             return None
         return iteration_us / self.iteration_us - 1.0
 
 
 def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompute: bool = True,
-                moves_persistent: bool = False) -> Bound:
-    """The lower bound of the module docstring for ``budget_bytes`` on ``hardware``."""
+                moves_persistent: bool = False, cpu_ops: bool = False) -> Bound:
+    """The lower bound of the module docstring for ``budget_bytes`` on ``hardware``.
+
+    With ``cpu_ops`` (a plan that runs ops on the host CPU, R24) the argument does not
+    hold, since such a plan takes work off the GPU: the Bound says it does not apply.
+    """
+    if cpu_ops:
+        return Bound(float("nan"), None, recompute, moves_persistent, applies=False)
     starts = op_start_us(profile)
     ideal = starts[-1]
     latency, up = link_speed(hardware, "offload", "host")
@@ -153,6 +168,6 @@ def _live_at(profile: Profile, p: int) -> list[str]:
 def bound_fields(bound: Bound, result) -> dict:
     """``lower_bound_us``, ``gap_to_bound`` and ``bound`` (its kind) for a result: the gap
     only for a plan that runs, the bound None when no plan of its kind fits."""
-    return {"lower_bound_us": bound.iteration_us if bound.feasible else None,
+    return {"lower_bound_us": bound.value_us,
             "gap_to_bound": bound.gap(result.iteration_us) if result.ok else None,
             "bound": bound.kind}

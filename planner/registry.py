@@ -117,7 +117,8 @@ DEFAULT_OPTIONS = RunOptions()
 @dataclass
 class Draft:
     """What a planner decided, before it is scored: actions in the order a runtime issues
-    them, and optionally an op schedule and persistent tensors that start off the GPU.
+    them, and optionally an op schedule, persistent tensors that start off the GPU and
+    ops that run on the host CPU.
 
     ``status`` is the planner's own verdict (one of STATUSES: a solver's ``optimal`` or
     ``feasible``, a greedy's ``heuristic``, ``fallback`` when it left its own rules to
@@ -127,6 +128,7 @@ class Draft:
     actions: list[Action] = field(default_factory=list)
     schedule: list[str] | None = None
     initial: dict[str, str] = field(default_factory=dict)
+    cpu_ops: tuple[str, ...] = ()  # ops run on the host CPU (R24)
     status: str = "heuristic"
     gap: float | None = None      # for solvers: the optimality gap
     estimate_us: float | None = None

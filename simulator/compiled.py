@@ -48,6 +48,7 @@ class Machine:
     host_bytes: int
     ssd_bytes: int
     packed: tuple        # simulator/fastpath.py: the machine as _fastsim reads it
+    cpu: tuple | None = None   # (tflops, mem_gbps, launch_us) of the host CPU (R25), if described
 
     def route(self, kind: str, tier: str) -> Route:
         return self.routes[(kind, tier)]
@@ -72,10 +73,15 @@ def compile_machine(hardware: Hardware) -> Machine:
         latency = us_to_ps(ssd.latency_us) + (pcie_latency if through_host else 0)
         routes[("prefetch", "ssd")] = Route(SSD_READ, (SSD_READ_LINK, PCIE_DOWN), latency, half and through_host)
         routes[("offload", "ssd")] = Route(SSD_WRITE, (PCIE_UP, SSD_WRITE_LINK), latency, half and through_host)
+        ssd_latency = us_to_ps(ssd.latency_us)   # R26: between SSD and host memory, no PCIe, no copy engine
+        routes[("load", "ssd")] = Route(SSD_READ, (SSD_READ_LINK,), ssd_latency, False)
+        routes[("store", "ssd")] = Route(SSD_WRITE, (SSD_WRITE_LINK,), ssd_latency, False)
     host_bytes, ssd_bytes = hardware.host.memory_bytes, ssd.capacity_bytes if ssd else 0
     return Machine(name=hardware.name, gpu_bytes=hardware.gpu.memory_bytes, link_capacity=tuple(capacity),
                    routes=routes, half_duplex=half, has_ssd=ssd is not None, host_bytes=host_bytes,
-                   ssd_bytes=ssd_bytes, packed=_pack_machine(half, host_bytes, ssd_bytes, tuple(capacity), routes))
+                   ssd_bytes=ssd_bytes, packed=_pack_machine(half, host_bytes, ssd_bytes, tuple(capacity), routes),
+                   cpu=None if hardware.cpu is None else
+                   (hardware.cpu.tflops, hardware.cpu.mem_gbps, hardware.cpu.launch_us))
 
 
 def _pack_machine(half: bool, host_bytes: int, ssd_bytes: int, capacity: tuple, routes: dict) -> tuple:

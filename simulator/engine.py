@@ -128,8 +128,15 @@ class _Run:
         self.engine_holder: int | None = None   # half duplex: the transfer holding the copy engine
         self.pending_offloads: dict[str, int] = {}   # tensor -> offloads enqueued or copying (R7)
         self.dead_pending: set[str] = set()
-        # the compute stream
-        self.head = 0
+        # the compute stream (GPU items only) and the CPU stream (R24)
+        self.on_cpu = program.on_cpu
+        self.done = bytearray(len(self.seq))
+        self.head = self._next_gpu_item(0)
+        self.cpu_items = sorted(program.on_cpu)
+        self.cpu_pos = 0
+        self.cpu_running_until: int | None = None
+        self.cpu_busy_ps = 0
+        self.last_cpu_end = 0
         self.running_until: int | None = None
         self.ready_at = 0                  # when the head's predecessor ended
         self.data_ready_at: int | None = None
@@ -150,14 +157,34 @@ class _Run:
 
     # ------------------------------------------------------------------ completions
 
+    def _next_gpu_item(self, k: int) -> int:
+        """The first item at or after k that runs on the GPU."""
+        while k < len(self.seq) and k in self.on_cpu:
+            k += 1
+        return k
+
     def _item_end(self) -> None:
         """R7: workspace, last-use frees, offload releases, then the actions after the op."""
         k, seq, now = self.head, self.seq, self.now
         self.running_until = None
-        self.head = k + 1
+        self.head = self._next_gpu_item(k + 1)
         self.ready_at = self.last_compute_end = now
         self.data_ready_at = None
         self.memory.release(seq.workspace[k], now)
+        self._finish_item(k)
+
+    def _cpu_end(self) -> None:
+        """R28: a CPU item ends as a GPU op does, with no workspace."""
+        k = self.cpu_items[self.cpu_pos]
+        self.cpu_pos += 1
+        self.cpu_running_until = None
+        self.last_cpu_end = self.now
+        self._finish_item(k)
+
+    def _finish_item(self, k: int) -> None:
+        """R7 for item k of either stream: frees, releases, then the actions after it."""
+        seq, now = self.seq, self.now
+        self.done[k] = 1
         for tid in seq.frees[k]:
             if self.pending_offloads.get(tid):
                 self.dead_pending.add(tid)
@@ -166,7 +193,7 @@ class _Run:
                 self.tiers.release(tid)
         for transfer in self.program.releases.get(k, ()):
             if self.ended[transfer.index]:
-                self.memory.free(transfer.tensor, now)
+                self._release_copy(transfer)
         for action in self.program.actions.get(k, ()):
             if isinstance(action, Drop):
                 self.memory.free(action.tensor, now)   # R14: at once
@@ -193,15 +220,24 @@ class _Run:
             self.spans.append(Span(stream.name, f"{transfer.kind} {transfer.tensor}", ps_to_us(self.start[j]),
                                    ps_to_us(now), {"tensor": transfer.tensor, "bytes": transfer.nbytes,
                                                    "tier": transfer.tier, "kind": transfer.kind}))
+        if transfer.kind == "store" and (transfer.last_reader < 0 or self.done[transfer.last_reader]):
+            self._release_copy(transfer)          # R26: the host copy goes once its readers ended
         if transfer.kind == "offload":
             tid = transfer.tensor
             self.pending_offloads[tid] -= 1
-            if transfer.last_reader < self.head:   # the last reader in its window has ended (R11)
+            if transfer.last_reader < 0 or self.done[transfer.last_reader]:   # R11: its last reader ended
                 self.memory.free(tid, now)
             if tid in self.dead_pending and not self.pending_offloads[tid]:
                 self.dead_pending.discard(tid)     # R7: freed now that its offload ended
                 self.memory.free(tid, now)
                 self.tiers.release(tid)
+
+    def _release_copy(self, transfer: Transfer) -> None:
+        """The copy an offload (GPU) or a store (host) leaves behind is freed."""
+        if transfer.kind == "store":
+            self.tiers.release_tier(transfer.tensor, "host")
+        else:
+            self.memory.free(transfer.tensor, self.now)
 
     # ------------------------------------------------------------------ starts
 
@@ -213,6 +249,8 @@ class _Run:
         if self.data_ready_at is None:
             if any(not self.ended[w.index] for w in self.program.waits.get(k, ())):
                 return
+            if self.program.deps and not self._deps_done(k):
+                return  # R27: an item of the CPU stream it depends on has not ended
             if recomputed is not None and recomputed in self.memory.resident:
                 return  # R15: the older copy is still being copied out (a data stall)
             self.data_ready_at = self.now
@@ -239,11 +277,40 @@ class _Run:
                                    {"op": op_id, "kernel": kernel, "phase": phase,
                                     "kind": "op" if recomputed is None else "recompute"}))
 
+    def _deps_done(self, k: int) -> bool:
+        dep = self.program.deps.get(k)
+        return dep is None or bool(self.done[dep])
+
+    def _try_cpu(self) -> None:
+        """R27: the CPU stream's next item starts when the previous one ended, the items
+        of the GPU stream it depends on ended, and the transfers that wrote its host
+        copies ended; its outputs take host memory (R19)."""
+        if self.cpu_running_until is not None or self.cpu_pos >= len(self.cpu_items):
+            return
+        k = self.cpu_items[self.cpu_pos]
+        if not self._deps_done(k) or any(not self.ended[w.index] for w in self.program.host_waits.get(k, ())):
+            return
+        for tid in self.seq.allocs[k]:
+            if not self.tiers.take(tid, "host"):
+                raise _Infeasible(Blocked("R19", "capacity", k, tid, self.tiers.used["host"],
+                                          self.tiers.capacity["host"], [], "host", self.seq.group[k]))
+        time_ps = self.program.cpu_ps[k]
+        self.cpu_running_until = self.now + time_ps
+        self.cpu_busy_ps += time_ps
+        if self.record:
+            op_id, kernel, phase = self.names[self.seq.op_index[k]]
+            self.spans.append(Span("cpu", op_id, ps_to_us(self.now), ps_to_us(self.now + time_ps),
+                                   {"op": op_id, "kernel": kernel, "phase": phase, "kind": "cpu op"}))
+
     def _can_start(self, transfer: Transfer) -> bool:
         """R12, R17: a head starts when the copy engine (half duplex) is free and, for a
         prefetch, its source copy is written, no older GPU copy remains and it fits."""
         if transfer.route.uses_engine and self.engine_holder is not None:
             return False
+        if transfer.source_item >= 0 and not self.done[transfer.source_item]:
+            return False   # R27: the CPU op writing its host source has not ended
+        if transfer.kind in ("load", "store"):
+            return transfer.source < 0 or self.ended[transfer.source]
         if transfer.kind == "prefetch":
             if transfer.source >= 0 and not self.ended[transfer.source]:
                 return False
@@ -262,8 +329,8 @@ class _Run:
         j, now, tid = transfer.index, self.now, transfer.tensor
         if transfer.kind == "prefetch":
             self.memory.allocate((tid,), 0, now)
-        elif not self.tiers.take(tid, transfer.tier):   # R19
-            tier = transfer.tier
+        elif not self.tiers.take(tid, "host" if transfer.kind == "load" else transfer.tier):   # R19
+            tier = "host" if transfer.kind == "load" else transfer.tier
             raise _Infeasible(Blocked("R19", "capacity", -1, tid, self.tiers.used[tier],
                                       self.tiers.capacity[tier], [], tier, transfer.after_op))
         stream = self.streams[transfer.route.stream]
@@ -285,6 +352,8 @@ class _Run:
         times = list(self.latency_until.values())
         if self.running_until is not None:
             times.append(self.running_until)
+        if self.cpu_running_until is not None:
+            times.append(self.cpu_running_until)
         flow_end = self.links.next_end()
         if flow_end is not None:
             times.append(flow_end)
@@ -295,6 +364,8 @@ class _Run:
         now = self.now
         if self.running_until == now:
             self._item_end()
+        if self.cpu_running_until == now:
+            self._cpu_end()
         for j in [j for j, at in self.latency_until.items() if at == now]:
             del self.latency_until[j]
             transfer = self.transfers[j]
@@ -315,6 +386,7 @@ class _Run:
             for action in program.start_actions:
                 self._enqueue(action)
             self._try_compute()
+            self._try_cpu()
             self._try_transfers()
             while True:
                 instant = self._next_instant()
@@ -323,8 +395,10 @@ class _Run:
                 self.now = instant
                 self._complete()
                 self._try_compute()
+                self._try_cpu()
                 self._try_transfers()
-            if self.head < len(self.seq) or any(s.queue for s in self.streams):
+            if (self.head < len(self.seq) or self.cpu_pos < len(self.cpu_items)
+                    or any(s.queue for s in self.streams)):
                 raise _Infeasible(self._stuck())
         except _Infeasible as exc:
             result.feasible = False
@@ -376,12 +450,13 @@ class _Run:
         return Blocked("R10", "stuck", item, tensor, 0, free, memory.largest(), after="wait")
 
     def _fill(self, result: Result) -> None:
-        end = max(self.last_compute_end, self.last_transfer_end, self.now if not result.ok else 0)
+        end = max(self.last_compute_end, self.last_cpu_end, self.last_transfer_end, self.now if not result.ok else 0)
         machine_links = self.links.capacity
         result.iteration_us = ps_to_us(end)
         result.overhead = end / self.compiled.ideal_ps - 1.0 if self.compiled.ideal_ps > 0 else 0.0
         result.compute_us = ps_to_us(self.compute_ps)
         result.recompute_us = ps_to_us(self.recompute_ps)
+        result.cpu_us = ps_to_us(self.cpu_busy_ps)
         result.stall_data_us = ps_to_us(self.stall_data)
         result.stall_memory_us = ps_to_us(self.stall_memory)
         result.stall_us = ps_to_us(self.stall_data + self.stall_memory)
@@ -395,7 +470,7 @@ class _Run:
         result.link_bytes = dict(zip(LINKS, self.link_bytes))
         result.link_utilisation = {name: (nbytes * 10**12 / (cap * end) if end else 0.0)
                                    for name, nbytes, cap in zip(LINKS, self.link_bytes, machine_links)}
-        result.progress = self.head / len(self.seq) if len(self.seq) else 1.0
+        result.progress = sum(self.done) / len(self.seq) if len(self.seq) else 1.0
         result.host_peak_bytes = self.tiers.peak["host"]
         result.ssd_peak_bytes = self.tiers.peak["ssd"]
         result.stall_by_op = {op: {"data_us": ps_to_us(d), "memory_us": ps_to_us(m)}

@@ -57,6 +57,16 @@ class Ssd:
 
 
 @dataclass(frozen=True)
+class Cpu:
+    """The host CPU, for ops a plan places there (R25): effective (sustained, not
+    datasheet) math rate and DRAM bandwidth, and a fixed cost per op."""
+    model: str
+    tflops: float
+    mem_gbps: float
+    launch_us: float
+
+
+@dataclass(frozen=True)
 class Hardware:
     """One machine as the simulator sees it."""
     name: str
@@ -65,11 +75,14 @@ class Hardware:
     host: Host
     ssd: Ssd | None
     source: str = ""
+    cpu: Cpu | None = None
 
     def to_dict(self) -> dict:
         """A JSON-ready dict; sizes in bytes, bandwidths in GB/s."""
         data = asdict(self)
         data.pop("source")
+        if data["cpu"] is None:
+            data.pop("cpu")
         return data
 
 
@@ -79,7 +92,7 @@ def hardware_from_dict(data, file: str = "<hardware>") -> Hardware:
     Raises InputError naming the field for anything missing, unknown or out of range.
     """
     top = Reader(data, file)
-    top.reject_unknown({"name", "description", "gpu", "pcie", "host", "ssd"})
+    top.reject_unknown({"name", "description", "gpu", "pcie", "host", "ssd", "cpu"})
     name = top.string("name")
     top.string("description", default="")
 
@@ -123,7 +136,14 @@ def hardware_from_dict(data, file: str = "<hardware>") -> Hardware:
             capacity_bytes=parse_size(ssd_r.get("capacity"), ssd_r.path("capacity"), file),
             path=ssd_r.string("path", default="host", choices=SSD_PATHS),
         )
-    hardware = Hardware(name=name, gpu=gpu, pcie=pcie, host=host, ssd=ssd, source=file)
+    cpu = None
+    if top.get("cpu", None) is not None:
+        cpu_r = top.mapping("cpu")
+        cpu_r.reject_unknown({"model", "tflops", "mem_gbps", "launch_us"})
+        cpu = Cpu(model=cpu_r.string("model", default="cpu"), tflops=cpu_r.number("tflops", positive=True),
+                  mem_gbps=cpu_r.number("mem_gbps", positive=True),
+                  launch_us=cpu_r.number("launch_us", default=0.0))
+    hardware = Hardware(name=name, gpu=gpu, pcie=pcie, host=host, ssd=ssd, source=file, cpu=cpu)
     check_limits(hardware, file)
     return hardware
 
@@ -140,6 +160,9 @@ def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:
         sizes.append(("ssd.capacity", hardware.ssd.capacity_bytes))
         latencies.append(("ssd.latency_us", hardware.ssd.latency_us))
         rates += [("ssd.read_gbps", hardware.ssd.read_gbps), ("ssd.write_gbps", hardware.ssd.write_gbps)]
+    if hardware.cpu is not None:
+        latencies.append(("cpu.launch_us", hardware.cpu.launch_us))
+        rates += [("cpu.tflops", hardware.cpu.tflops), ("cpu.mem_gbps", hardware.cpu.mem_gbps)]
     for where, value in sizes:
         if value >= MAX_BYTES:
             raise InputError(file, where, f"{value} bytes is too large: at most 2^53 - 1 (R23)")

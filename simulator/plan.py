@@ -21,7 +21,8 @@ from .profile import Profile, profile_sha256, schedule_problem
 from .units import MAX_BYTES, MAX_COUNT
 
 FORMAT = "swapplan-plan/1"
-ACTION_KINDS = ("offload", "prefetch", "drop", "recompute")
+ACTION_KINDS = ("offload", "prefetch", "drop", "recompute", "load", "store")
+HOST_KINDS = ("load", "store")   # SSD <-> host memory, for ops on the CPU (R26)
 TIERS = ("host", "ssd")
 
 
@@ -30,7 +31,8 @@ class Action:
     """One plan step. ``after`` / ``before`` are op ids (None: iteration start / end).
 
     offload: tensor, to, after; prefetch: tensor, source ("from" in JSON), after,
-    before; drop: tensor, after; recompute: tensor, before.
+    before; drop: tensor, after; recompute: tensor, before; load (SSD -> host memory)
+    and store (host memory -> SSD): tensor, after.
     """
     kind: str
     tensor: str
@@ -45,8 +47,8 @@ class Action:
         if self.kind == "prefetch":
             return {"kind": "prefetch", "tensor": self.tensor, "from": self.source,
                     "after": self.after, "before": self.before}
-        if self.kind == "drop":
-            return {"kind": "drop", "tensor": self.tensor, "after": self.after}
+        if self.kind in ("drop", "load", "store"):
+            return {"kind": self.kind, "tensor": self.tensor, "after": self.after}
         return {"kind": "recompute", "tensor": self.tensor, "before": self.before}
 
     def label(self) -> str:
@@ -67,6 +69,14 @@ def drop(tensor: str, after: str) -> Action:
 
 def recompute(tensor: str, before: str) -> Action:
     return Action("recompute", tensor, before=before)
+
+
+def load(tensor: str, after: str | None) -> Action:
+    return Action("load", tensor, source="ssd", after=after)
+
+
+def store(tensor: str, after: str | None) -> Action:
+    return Action("store", tensor, to="ssd", after=after)
 
 
 @dataclass(frozen=True)
@@ -105,13 +115,19 @@ class Plan:
     schedule: tuple[str, ...] | None = None
     initial: dict[str, str] = field(default_factory=dict)
     predicted: dict | None = None
+    cpu_ops: tuple[str, ...] = ()              # ops run on the host CPU (R24)
     origin: str = field(default="<plan>", compare=False)
+
+    @property
+    def uses_cpu(self) -> bool:
+        """Does the plan place ops on the CPU or move tensors between SSD and host?"""
+        return bool(self.cpu_ops) or any(a.kind in HOST_KINDS for a in self.actions)
 
     def to_dict(self) -> dict:
         profile = {"name": self.profile_name}
         if self.profile_sha256:
             profile["sha256"] = self.profile_sha256
-        return {
+        data = {
             "format": FORMAT,
             "profile": profile,
             "hardware": self.hardware,
@@ -122,6 +138,9 @@ class Plan:
             "actions": [a.to_dict() for a in self.actions],
             "predicted": self.predicted,
         }
+        if self.cpu_ops:
+            data["cpu_ops"] = list(self.cpu_ops)
+        return data
 
 
 def empty_plan(profile: Profile, hardware: str | None = None, budget_bytes: int | None = None) -> Plan:
@@ -166,8 +185,9 @@ def plan_from_dict(data, file: str = "<plan>") -> Plan:
         raise InputError(file, "budget_bytes", f"{budget} bytes is too large: at most 2^53 - 1 (R23)")
     actions = []
     for item in data["actions"]:
-        actions.append(Action(kind=item["kind"], tensor=item["tensor"], to=item.get("to"),
-                              source=item.get("from"), after=item.get("after"),
+        kind = item["kind"]
+        actions.append(Action(kind=kind, tensor=item["tensor"], to="ssd" if kind == "store" else item.get("to"),
+                              source="ssd" if kind == "load" else item.get("from"), after=item.get("after"),
                               before=item.get("before")))
     raw_planner = data.get("planner") or {"name": "unknown"}
     planner = PlannerInfo(name=raw_planner["name"], params=raw_planner.get("params", {}),
@@ -187,6 +207,7 @@ def plan_from_dict(data, file: str = "<plan>") -> Plan:
         schedule=None if schedule is None else tuple(schedule),
         initial=dict(data.get("initial") or {}),
         predicted=data.get("predicted"),
+        cpu_ops=tuple(data.get("cpu_ops") or ()),
         origin=file,
     )
 
@@ -210,8 +231,11 @@ def _schema_errors(data) -> list:
 _ACTION_KEYS = {"offload": frozenset({"kind", "tensor", "to", "after"}),
                 "prefetch": frozenset({"kind", "tensor", "from", "after", "before"}),
                 "drop": frozenset({"kind", "tensor", "after"}),
-                "recompute": frozenset({"kind", "tensor", "before"})}
-_NULLABLE = {"offload": ("after",), "prefetch": ("after", "before"), "drop": (), "recompute": ()}
+                "recompute": frozenset({"kind", "tensor", "before"}),
+                "load": frozenset({"kind", "tensor", "after"}),
+                "store": frozenset({"kind", "tensor", "after"})}
+_NULLABLE = {"offload": ("after",), "prefetch": ("after", "before"), "drop": (), "recompute": (),
+             "load": ("after",), "store": ("after",)}
 
 
 def _actions_ok(actions) -> bool:
@@ -289,14 +313,15 @@ def save_plan(plan: Plan, path: str | Path) -> None:
 # ----------------------------------------------------------------------------- structure
 
 
-def check_plan(plan: Plan, profile: Profile, has_ssd: bool = True) -> None:
+def check_plan(plan: Plan, profile: Profile, has_ssd: bool = True, has_cpu: bool = True) -> None:
     """Check a plan's structure against its profile: what makes it an input error rather
     than a plan that breaks a rule (docs/simulation.md: rule breaks are results).
 
     Raises InputError naming the plan's file, the field and the problem for: a profile
     sha256 that does not match, an unknown tensor or op, a schedule that is not a
     permutation of the profile's ops, an unknown tier, more than 10^7 actions (R23), and
-    an SSD action or placement on a machine without an SSD (``has_ssd`` False).
+    an SSD action or placement on a machine without an SSD (``has_ssd`` False), and ops
+    on the CPU of a machine that describes none (``has_cpu`` False).
     """
     file = plan.origin
     if plan.profile_sha256 and plan.profile_sha256 != profile_sha256(profile):
@@ -327,8 +352,18 @@ def check_plan(plan: Plan, profile: Profile, has_ssd: bool = True) -> None:
             if op_id is not None and op_id not in op_index:
                 raise InputError(file, f"{_action_where(i, action)}.{key}", f"unknown op {op_id!r}")
         if not has_ssd and "ssd" in (action.to, action.source):
-            key = "to" if action.kind == "offload" else "from"
+            key = {"offload": "to", "prefetch": "from"}.get(action.kind, "kind")
             raise InputError(file, f"{_action_where(i, action)}.{key}", "the hardware has no SSD")
+    if plan.cpu_ops and not has_cpu:
+        raise InputError(file, "cpu_ops", "the hardware describes no CPU (a `cpu` section: tflops, mem_gbps, "
+                                          "launch_us) to run these ops on")
+    seen = set()
+    for i, op_id in enumerate(plan.cpu_ops):
+        if op_id not in op_index:
+            raise InputError(file, f"cpu_ops[{i}]", f"unknown op {op_id!r}")
+        if op_id in seen:
+            raise InputError(file, f"cpu_ops[{i}]", f"op {op_id!r} is listed twice")
+        seen.add(op_id)
 
 
 def _field_problem(action: Action) -> tuple[str, str] | None:

@@ -8,7 +8,7 @@ from .files import write_atomic
 from .result import Result
 
 PHASE_COLOURS = {"forward": "#dbe9f6", "backward": "#fde0c5", "optimizer": "#d9f0d3", "other": "#eeeeee"}
-LANE_COLOURS = {"h2d": "#1f77b4", "d2h": "#d62728", "ssd_read": "#9467bd", "ssd_write": "#8c564b"}
+LANE_COLOURS = {"cpu": "#2ca02c", "h2d": "#1f77b4", "d2h": "#d62728", "ssd_read": "#9467bd", "ssd_write": "#8c564b"}
 
 
 def plot_memory(result: Result, path: str | Path, title: str = "") -> None:

@@ -14,6 +14,10 @@ The walk keeps, for each tensor, where the plan has put it:
     AWAY     not on the GPU (dropped, or started off the GPU)
     INCOMING a prefetch is issued; usable from its ``before`` op on (R12, R13)
     DEAD     freed after its last use
+
+Ops a plan places on the CPU (``cpu_ops``, R24-R29) run on a second stream and use host
+copies: the walk also keeps which copies are valid per tier, and who wrote the host copy
+(a transfer, or a CPU item), which the reader waits for.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from .compiled import CompiledProfile, Machine, Route
+from .units import us_to_ps
 from .plan import Action, Plan
 from .profile import Profile, order_violation
 from .sequence import Sequence, build_sequence
@@ -51,6 +56,7 @@ class Transfer:
     last_reader: int = -1            # offload: last item in its window that reads the tensor
     before_item: int = -1            # prefetch: first item that waits for it (-1: none)
     after_op: str | None = None
+    source_item: int = -1            # prefetch or store: the CPU item that wrote its host source (R27)
 
 
 @dataclass(eq=False, slots=True)
@@ -71,6 +77,10 @@ class Program:
     start_actions: list                  # actions with after = null, in plan order
     transfers: list[Transfer]
     initial_copies: dict[str, str]       # tensor -> tier, from plan.initial
+    on_cpu: frozenset = frozenset()      # items that run on the CPU stream (R24)
+    cpu_ps: dict = None                  # CPU item -> its time in ps (R25)
+    deps: dict = None                    # item -> the latest item of the other stream it waits for (R27)
+    host_waits: dict = None              # CPU item -> transfers that wrote its host copies (R26)
 
 
 def compute_sequence(profile: Profile, compiled: CompiledProfile, plan: Plan) -> Sequence:
@@ -114,7 +124,56 @@ def compile_program(profile: Profile, compiled: CompiledProfile, plan: Plan, mac
     ``check_plan`` passed (ids are known, SSD actions have an SSD).
     """
     check_plan_rules(profile, plan)
-    return _Compiler(profile, compiled, plan, machine).compile()
+    program = _Compiler(profile, compiled, plan, machine).compile()
+    if plan.cpu_ops:
+        program.cpu_ps = cpu_times(profile, program.seq, program.on_cpu, machine)
+        program.deps = cross_stream_deps(profile, program.seq, program.on_cpu)
+    return program
+
+
+def cpu_time_us(op, tensors: dict, cpu: tuple) -> float:
+    """R25: a CPU op's time, launch + roofline: FLOPs at ``tflops`` or bytes (inputs and
+    outputs once, updated tensors twice: read and written) at ``mem_gbps``."""
+    tflops, gbps, launch_us = cpu
+    moved = sum(tensors[t].bytes for t in dict.fromkeys(op.inputs + op.outputs))
+    moved += 2 * sum(tensors[t].bytes for t in dict.fromkeys(op.updates))
+    return launch_us + max((op.flops or 0.0) / (tflops * 1e6), moved / (gbps * 1e3))
+
+
+def cpu_times(profile: Profile, seq: Sequence, on_cpu: frozenset, machine: Machine) -> dict[int, int]:
+    tensors = profile.tensor_by_id
+    return {k: us_to_ps(cpu_time_us(profile.ops[seq.op_index[k]], tensors, machine.cpu)) for k in on_cpu}
+
+
+def cross_stream_deps(profile: Profile, seq: Sequence, on_cpu: frozenset) -> dict[int, int]:
+    """R27: for each item, the latest earlier item of the other stream that touches a
+    tensor it touches, one of the two writing it (producing or updating). The streams
+    run in order, so waiting for that one item covers all earlier ones."""
+    ops = profile.ops
+    touched: set[str] = set()
+    for k in on_cpu:
+        op = ops[seq.op_index[k]]
+        touched.update(op.inputs, op.outputs, op.updates)
+    events: dict[str, list[tuple[int, bool]]] = {}
+    for tid in touched:
+        items = set(seq.uses.get(tid, ()))
+        made_by = profile.producer[tid]
+        if made_by is not None:
+            items.add(seq.op_item[ops[made_by].id])
+        for k in sorted(items):
+            op = ops[seq.op_index[k]]
+            writes = seq.recomputed[k] == tid or (seq.recomputed[k] is None and (tid in op.outputs or tid in op.updates))
+            events.setdefault(tid, []).append((k, writes))
+    deps: dict[int, int] = {}
+    for tid, seen in events.items():
+        for a, (k, writes) in enumerate(seen):
+            cpu = k in on_cpu
+            for j, earlier_writes in reversed(seen[:a]):
+                if (j in on_cpu) != cpu and (writes or earlier_writes):
+                    if j > deps.get(k, -1):
+                        deps[k] = j
+                    break
+    return deps
 
 
 class _Compiler:
@@ -128,6 +187,12 @@ class _Compiler:
         self.seq = compute_sequence(profile, compiled, plan)
         self.tensors = profile.tensor_by_id
         self.planned = set(plan.initial) | {a.tensor for a in plan.actions}
+        self.cpu_items = frozenset(self.seq.op_item[op_id] for op_id in plan.cpu_ops)
+        for op_id in plan.cpu_ops:
+            op = profile.ops[profile.op_index[op_id]]
+            self.planned.update(op.inputs, op.outputs, op.updates)
+        self.host_item_writer: dict[str, int] = {}      # tensor -> CPU item that wrote its host copy
+        self.host_waits: dict[int, list[Transfer]] = {}
         self.state: dict[str, str] = {}
         self.copies: dict[str, dict[str, bool]] = {}
         for tid in self.planned:
@@ -211,6 +276,14 @@ class _Compiler:
                         state[tid] = GPU
                         del self.incoming[tid]
             recomputed = recomputed_at[k]
+            if k in self.cpu_items:
+                self.walk_cpu_item(k, op)
+                after = actions_after.get(groups[k])
+                if after:
+                    sink = self.actions.setdefault(k, [])
+                    for i, action in after:
+                        self.issue(i, action, k, groups[k], sink)
+                continue
             if recomputed is not None:
                 self.check_recompute(k, recomputed, op)
             for tid in op.inputs:
@@ -247,11 +320,54 @@ class _Compiler:
         self.check_steady_state()
         releases: dict[int, list[Transfer]] = {}
         for transfer in self.transfers:
-            if transfer.kind == "offload" and transfer.last_reader >= 0:
+            if transfer.kind in ("offload", "store") and transfer.last_reader >= 0:
                 releases.setdefault(transfer.last_reader, []).append(transfer)
         return Program(seq=seq, waits=self.waits, releases=releases, actions=self.actions,
                        start_actions=self.start_actions, transfers=self.transfers,
-                       initial_copies=dict(plan.initial))
+                       initial_copies=dict(plan.initial), on_cpu=self.cpu_items, host_waits=self.host_waits)
+
+    def walk_cpu_item(self, k: int, op) -> None:
+        """R26: a CPU op reads and updates host copies (waiting for the transfers that
+        wrote them) and makes its outputs in host memory; a tensor it updates must not
+        be on the GPU, whose copy would go stale."""
+        copies, state = self.copies, self.state
+        for tid in dict.fromkeys(op.inputs + op.updates):
+            if not copies[tid].get("host"):
+                verb = "updates" if tid in op.updates else "reads"
+                raise self.invalid("R26", k, tid, f"op {op.id!r} runs on the CPU and {verb} {tid!r}, which has no "
+                                                  "valid copy in host memory (offload it to host, load it from "
+                                                  "the SSD, or start it in host)")
+            writer = self.last_offload_to.get((tid, "host"))
+            if writer is not None and tid not in self.host_item_writer:
+                self.host_waits.setdefault(k, []).append(writer)
+        for tid in dict.fromkeys(op.updates):
+            if state[tid] in (GPU, LEAVING, INCOMING):
+                raise self.invalid("R26", k, tid, f"op {op.id!r} runs on the CPU and updates {tid!r} while it is "
+                                                  f"on the GPU ({_state_words(state[tid])}): that copy would go stale")
+            self.copies[tid] = {"host": True}      # R16: the SSD copy, if any, is stale now
+            self.host_written_by(tid, k)
+            self.updated_at.setdefault(tid, []).append(k)
+        for tid in self.seq.allocs[k]:
+            state[tid] = AWAY
+            self.copies[tid] = {"host": True}
+            self.host_written_by(tid, k)
+        for tid in self.seq.frees[k]:
+            if tid in self.planned:
+                state[tid] = DEAD
+                self.open_offload.pop(tid, None)
+
+    def host_written_by(self, tid: str, k: int) -> None:
+        """The host copy of tid is now the one CPU item k wrote."""
+        self.last_offload_to.pop((tid, "host"), None)
+        self.host_item_writer[tid] = k
+
+    def last_cpu_use(self, tid: str, k: int) -> int:
+        """The last CPU item at or before item k that uses tid (-1: none)."""
+        uses = self.seq.uses.get(tid, [])
+        for j in reversed(uses[:bisect_left(uses, k + 1)]):
+            if j in self.cpu_items:
+                return j
+        return -1
 
     def check_use(self, tid: str, k: int, verb: str) -> None:
         st = self.state[tid]
@@ -268,6 +384,10 @@ class _Compiler:
     def check_recompute(self, k: int, tid: str, op) -> None:
         st = self.state[tid]
         group = self.seq.group[k]
+        if op.id in self.plan.cpu_ops or group in self.plan.cpu_ops:
+            where = f"its producer {op.id!r}" if op.id in self.plan.cpu_ops else f"op {group!r}"
+            raise self.invalid("R24", k, tid, f"recompute of {tid!r}: {where} runs on the CPU; recomputes run "
+                                              "on the GPU, before GPU ops")
         if self.tensors[tid].persistent:
             raise self.invalid("R15", k, tid, f"recompute of persistent tensor {tid!r}")
         if st in (GPU, INCOMING):
@@ -313,6 +433,10 @@ class _Compiler:
             self.issue_offload(action_index, action, k, after, where, st, sink)
         elif action.kind == "prefetch":
             self.issue_prefetch(action_index, action, k, after, where, st, sink)
+        elif action.kind == "load":
+            self.issue_load(action_index, action, k, after, where, st, sink)
+        elif action.kind == "store":
+            self.issue_store(action_index, action, k, after, where, st, sink)
         else:
             self.issue_drop(action_index, action, k, where, st, sink)
 
@@ -329,6 +453,8 @@ class _Compiler:
         self.open_offload[tid] = transfer
         self.copies[tid][action.to] = True
         self.last_offload_to[(tid, action.to)] = transfer
+        if action.to == "host":
+            self.host_item_writer.pop(tid, None)
         self.transfers.append(transfer)
         sink.append(transfer)
 
@@ -345,6 +471,9 @@ class _Compiler:
                                               "no valid copy there (never written, or made stale by an "
                                               "in-place update, R16)")
         before_item = -1
+        if action.before is not None and action.before in self.plan.cpu_ops:
+            raise self.invalid("R26", k, tid, f"prefetch of {tid!r} before op {action.before!r}, which runs on "
+                                              "the CPU and reads host copies")
         if action.before is not None:
             before_item = self.seq.group_start[action.before]
             if before_item <= k:
@@ -361,12 +490,55 @@ class _Compiler:
         transfer = Transfer(len(self.transfers), action_index, "prefetch", tid, self.tensors[tid].bytes,
                             action.source, self.machine.route("prefetch", action.source),
                             -1 if source is None else source.index, -1, before_item, after)
+        if action.source == "host":
+            transfer.source_item = self.host_item_writer.get(tid, -1)
         self.state[tid] = INCOMING
         self.incoming[tid] = before_item
         if before_item >= 0:
             self.incoming_at.setdefault(before_item, []).append(tid)
             # the first item of the before op's group waits; the rest of the group runs after it
             self.waits.setdefault(before_item, []).append(transfer)
+        self.transfers.append(transfer)
+        sink.append(transfer)
+
+    def issue_load(self, action_index, action, k, after, where, st, sink) -> None:
+        """R26: copy the SSD copy into host memory, for ops on the CPU."""
+        tid = action.tensor
+        copies = self.copies[tid]
+        if st in (UNBORN, DEAD):
+            raise self.invalid("R26", k, tid, f"load of {tid!r} after {where}: it is {_state_words(st)}")
+        if not copies.get("ssd"):
+            raise self.invalid("R26", k, tid, f"load of {tid!r} after {where}: no valid copy on the SSD")
+        if copies.get("host"):
+            raise self.invalid("R26", k, tid, f"load of {tid!r} after {where}: it already has a valid copy "
+                                              "in host memory")
+        source = self.last_offload_to.get((tid, "ssd"))
+        transfer = Transfer(len(self.transfers), action_index, "load", tid, self.tensors[tid].bytes, "ssd",
+                            self.machine.route("load", "ssd"), -1 if source is None else source.index,
+                            -1, -1, after)
+        copies["host"] = True
+        self.last_offload_to[(tid, "host")] = transfer
+        self.host_item_writer.pop(tid, None)
+        self.transfers.append(transfer)
+        sink.append(transfer)
+
+    def issue_store(self, action_index, action, k, after, where, st, sink) -> None:
+        """R26: write the host copy to the SSD and free it from host memory once the
+        copy and every earlier CPU op using it have ended."""
+        tid = action.tensor
+        copies = self.copies[tid]
+        if st in (UNBORN, DEAD):
+            raise self.invalid("R26", k, tid, f"store of {tid!r} after {where}: it is {_state_words(st)}")
+        if not copies.get("host"):
+            raise self.invalid("R26", k, tid, f"store of {tid!r} after {where}: no valid copy in host memory")
+        source = self.last_offload_to.get((tid, "host"))
+        transfer = Transfer(len(self.transfers), action_index, "store", tid, self.tensors[tid].bytes, "ssd",
+                            self.machine.route("store", "ssd"), -1 if source is None else source.index,
+                            self.last_cpu_use(tid, k), -1, after, self.host_item_writer.get(tid, -1))
+        copies["ssd"], copies["host"] = True, False
+        self.last_offload_to[(tid, "ssd")] = transfer
+        self.last_offload_to.pop((tid, "host"), None)
+        self.host_item_writer.pop(tid, None)
         self.transfers.append(transfer)
         sink.append(transfer)
 

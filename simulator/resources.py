@@ -183,6 +183,12 @@ class Tiers:
         self.peak[tier] = max(self.peak[tier], self.used[tier])
         return self.used[tier] <= self.capacity[tier]
 
+    def release_tier(self, tid: str, tier: str) -> None:
+        """Free tid's copy in one tier (a store frees the host copy, R26)."""
+        if (tid, tier) in self.held:
+            self.held.discard((tid, tier))
+            self.used[tier] -= self.nbytes[tid]
+
     def release(self, tid: str) -> None:
         for tier in self.capacity:
             if (tid, tier) in self.held:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 @dataclass
 class Span:
     """One busy interval on a track: an op, a recompute or a transfer."""
-    track: str          # compute | h2d | d2h | ssd_read | ssd_write (the streams)
+    track: str          # compute | cpu | h2d | d2h | ssd_read | ssd_write (the streams)
     name: str
     start_us: float
     end_us: float
@@ -46,6 +46,7 @@ class Result:
     overhead: float = 0.0
     compute_us: float = 0.0
     recompute_us: float = 0.0
+    cpu_us: float = 0.0                               # time the CPU stream was busy (R24-R28)
     stall_us: float = 0.0
     stall_data_us: float = 0.0
     stall_memory_us: float = 0.0

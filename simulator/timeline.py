@@ -1,6 +1,6 @@
 """Export a simulated timeline as a Chrome trace (Perfetto, chrome://tracing).
 
-One track per stream (compute, h2d, d2h, ssd_read, ssd_write), ops and transfers
+One track per stream (compute, cpu, h2d, d2h, ssd_read, ssd_write), ops and transfers
 named by op / tensor, a GPU-memory counter, a budget counter, and one counter per link
 (pcie_down, pcie_up, ssd_read_link, ssd_write_link) in GB/s that steps each time the
 flows on it change, so that a user sees links being shared (R17).
@@ -13,7 +13,7 @@ from pathlib import Path
 from .files import write_atomic
 from .result import Result
 
-TRACKS = ("compute", "h2d", "d2h", "ssd_read", "ssd_write")
+TRACKS = ("compute", "cpu", "h2d", "d2h", "ssd_read", "ssd_write")
 
 
 def chrome_trace(result: Result, title: str = "swapplan") -> dict:

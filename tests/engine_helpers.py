@@ -13,15 +13,18 @@ from tests.conftest import make_profile
 
 
 def machine(duplex="full", pcie_latency=0, ssd_latency=0, ssd_path="host", host="1GiB", ssd="1GiB",
-            h2d=0.001, d2h=0.001, ssd_read=0.0005, ssd_write=0.0005):
-    return hardware_from_dict({
+            h2d=0.001, d2h=0.001, ssd_read=0.0005, ssd_write=0.0005, cpu=None):
+    data = {
         "name": "test-machine",
         "gpu": {"memory": "1GiB", "fp32_tflops": 1, "fp16_tflops": 1, "hbm_gbps": 1},
         "pcie": {"h2d_gbps": h2d, "d2h_gbps": d2h, "duplex": duplex, "latency_us": pcie_latency},
         "host": {"memory": host},
         "ssd": {"read_gbps": ssd_read, "write_gbps": ssd_write, "latency_us": ssd_latency,
                 "capacity": ssd, "path": ssd_path},
-    })
+    }
+    if cpu is not None:
+        data["cpu"] = cpu
+    return hardware_from_dict(data)
 
 
 def plan(profile, *actions, **kw) -> Plan:

@@ -220,7 +220,7 @@ def test_simulate_writes_timeline_and_plot(two_layer, profile_file, tmp_path):
     assert result.exit_code == 0, result.output
     events = json.loads(trace.read_text())["traceEvents"]
     tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-    assert tracks == {"compute", "h2d", "d2h", "ssd_read", "ssd_write"}
+    assert tracks == {"compute", "cpu", "h2d", "d2h", "ssd_read", "ssd_write"}
     names = {e["name"] for e in events if e["ph"] == "X"}
     assert {"f1", "b2", "offload a1", "prefetch a1"} <= names
     counters = {e["name"] for e in events if e["ph"] == "C"}
