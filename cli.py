@@ -420,8 +420,8 @@ def _print_replay(r: dict) -> None:
 @click.argument("model", required=False)
 @click.option("--hf-config", "hf_config", default=None, metavar="CONFIG.json",
               help="Trace a transformers causal LM from a local config.json instead of MODEL (built on the "
-                   "meta device, nothing downloaded; shipped: tracer/configs/llama2-7b.json, llama2-13b.json, "
-                   "llama2-70b.json, mistral-7b.json) [default batch 1, seq 1024].")
+                   "meta device, nothing downloaded), or a shipped config by name: llama2-7b, llama2-13b, "
+                   "llama2-70b, mistral-7b [default batch 1, seq 1024].")
 @click.option("--batch", type=int, default=None, help="Batch size [default: the model's].")
 @click.option("--seq", type=int, default=None,
               help="Sequence length (language models) or image side in pixels (vision) [default: the model's].")
@@ -557,9 +557,9 @@ def _parse_params(pairs: tuple[str, ...]) -> dict:
 @click.argument("profile")
 @click.option("--planner", "planner_name", default="none", show_default=True,
               help="Which planner (see `swapplan planners`).")
-@click.option("--budget", required=True,
+@click.option("--budget", default=None,
               help="GPU memory budget: 8GiB, 512MB, or 60% of the no-swap peak (a percentage above the GPU's "
-                   "memory is capped at it, with a note).")
+                   "memory is capped at it, with a note) [default: the GPU's memory].")
 @click.option("--hardware", "hardware_name", default=None,
               help="Preset or hardware file [default: the profile's roofline preset, else a100-40gb-pcie4].")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="A planner parameter (repeatable).")
@@ -590,8 +590,8 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_li
     _outputs(output)
     loaded = catalog.open_profile(profile)
     hardware = _hardware(hardware_name, None, loaded)
-    budget_bytes = parse_budget(budget, loaded.peak_bytes)
-    if budget.strip().endswith("%") and budget_bytes > hardware.gpu.memory_bytes:   # as compare does
+    budget_bytes = hardware.gpu.memory_bytes if budget is None else parse_budget(budget, loaded.peak_bytes)
+    if budget is not None and budget.strip().endswith("%") and budget_bytes > hardware.gpu.memory_bytes:
         _note(f"budget: {budget} of the no-swap peak is {format_bytes(budget_bytes)}, more than the GPU's "
               f"{format_bytes(hardware.gpu.memory_bytes)} on {hardware.name}: planning for the GPU's memory")
         budget_bytes = hardware.gpu.memory_bytes

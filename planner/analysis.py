@@ -64,16 +64,19 @@ def working_set(profile: Profile, position: int, include_persistent: bool = True
                                     if include_persistent or not tensors[t].persistent)
 
 
-def budget_floor(profile: Profile, moves_persistent: bool) -> tuple[int, str | None]:
+def budget_floor(profile: Profile, moves_persistent: bool, cpu_phases: tuple[str, ...] = ()) -> tuple[int, str | None]:
     """The smallest budget any plan of this kind can meet, and the op that sets it.
 
     A planner that keeps weights and optimizer state on the GPU needs them all plus the
     largest working set of non-persistent tensors of a single op; one that may move them
-    needs only the largest single-op working set.
+    needs only the largest single-op working set. Ops of ``cpu_phases`` (a planner that
+    runs them on the host CPU) need no GPU memory.
     """
     base = 0 if moves_persistent else profile.persistent_bytes
     best, where = base, None
     for i, op in enumerate(profile.ops):
+        if op.phase in cpu_phases:
+            continue
         need = base + working_set(profile, i, include_persistent=moves_persistent)
         if need > best:
             best, where = need, op.id

@@ -46,7 +46,7 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     resolved = spec.resolve(params or {})
     options = options or RunOptions(seed=seed)
     check_budget(budget_bytes, hardware)
-    floor, floor_op = budget_floor(profile, spec.moves_persistent)
+    floor, floor_op = budget_floor(profile, spec.moves_persistent, spec.cpu_phases)
     if budget_bytes < floor:
         why = (f"op {floor_op!r} needs its working set, and weights and optimizer state stay on the GPU"
                if not spec.moves_persistent else f"the working set of op {floor_op!r}")

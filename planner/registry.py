@@ -145,6 +145,7 @@ class PlannerSpec:
     moves_persistent: bool = False  # may it move weights and optimizer state?
     paper: str = ""
     recomputes: bool = False        # may it recompute (which lower bound applies)?
+    cpu_phases: tuple[str, ...] = ()  # phases whose ops it may run on the host CPU (R24)
 
     def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
         """Defaults overlaid with ``given`` (checked and coerced). Unknown names are errors."""
@@ -162,12 +163,13 @@ REGISTRY: dict[str, PlannerSpec] = {}
 
 
 def register(name: str, summary: str, params: tuple[Param, ...] = (), moves_persistent: bool = False,
-             paper: str = "", recomputes: bool = False):
+             paper: str = "", recomputes: bool = False, cpu_phases: tuple[str, ...] = ()):
     """Decorator: register a planner function under ``name``."""
     def wrap(func: Callable[..., Draft]) -> Callable[..., Draft]:
         if name in REGISTRY:
             raise ValueError(f"planner {name!r} registered twice")
-        REGISTRY[name] = PlannerSpec(name, func, summary, tuple(params), moves_persistent, paper, recomputes)
+        REGISTRY[name] = PlannerSpec(name, func, summary, tuple(params), moves_persistent, paper, recomputes,
+                                     tuple(cpu_phases))
         return func
     return wrap
 

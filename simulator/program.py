@@ -329,7 +329,8 @@ class _Compiler:
     def walk_cpu_item(self, k: int, op) -> None:
         """R26: a CPU op reads and updates host copies (waiting for the transfers that
         wrote them) and makes its outputs in host memory; a tensor it updates must not
-        be on the GPU, whose copy would go stale."""
+        be resident or incoming on the GPU, whose copy would go stale (an offload's
+        window closes: later GPU uses need a prefetch)."""
         copies, state = self.copies, self.state
         for tid in dict.fromkeys(op.inputs + op.updates):
             if not copies[tid].get("host"):
@@ -341,9 +342,10 @@ class _Compiler:
             if writer is not None and tid not in self.host_item_writer:
                 self.host_waits.setdefault(k, []).append(writer)
         for tid in dict.fromkeys(op.updates):
-            if state[tid] in (GPU, LEAVING, INCOMING):
+            if state[tid] in (GPU, INCOMING):
                 raise self.invalid("R26", k, tid, f"op {op.id!r} runs on the CPU and updates {tid!r} while it is "
                                                   f"on the GPU ({_state_words(state[tid])}): that copy would go stale")
+            self.close_window(tid)   # an offloaded copy on the GPU is stale from here on
             self.copies[tid] = {"host": True}      # R16: the SSD copy, if any, is stale now
             self.host_written_by(tid, k)
             self.updated_at.setdefault(tid, []).append(k)

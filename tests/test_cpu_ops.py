@@ -209,3 +209,22 @@ def test_executor_refuses_cpu_plans_in_one_line():
     with pytest.raises(InputError) as info:
         replay(profile, offload_plan(profile), cpu_machine())
     assert info.value.where == "cpu_ops" and "simulate" in str(info.value)
+
+
+def test_fp32_step_updates_the_offloaded_weight_on_the_cpu():
+    """ZeRO-Offload without mixed precision: adam on the CPU updates w itself. w is
+    offloaded after b (its last GPU read), updated in host memory, and prefetched back by
+    the end (R20). f 0-10, b 10-30; g and w go down over one link: g 30-130, w 130-230;
+    adam (5 + (100 + 2*300)/10 = 75 us) 230-305; w back 305-405."""
+    ops = [("f", "forward", 10.0, ["x", "w"], ["a"]), ("b", "backward", 20.0, ["a", "w"], ["g"]),
+           ("adam", "optimizer", 5.0, ["g"], [], ["w", "m", "s"])]
+    profile = make_profile({k: TENSORS[k] for k in ("w", "x", "a", "g", "m", "s")}, ops, "fp32-step")
+    actions = (offload("g", "b"), offload("w", "b"), prefetch("w", "adam", None))
+    p = plan(profile, *actions, initial={"m": "host", "s": "host"}, cpu_ops=("adam",))
+    result = Simulator(profile, cpu_machine()).simulate(p)
+    assert result.ok, result.reason
+    assert result.iteration_us == pytest.approx(405.0)
+    # without the prefetch, w does not end on the GPU where it started
+    p = plan(profile, *actions[:2], initial={"m": "host", "s": "host"}, cpu_ops=("adam",))
+    result = Simulator(profile, cpu_machine()).simulate(p)
+    assert not result.valid and result.rule == "R20" and result.tensor == "w"
