@@ -6,7 +6,8 @@ simulated overhead (iteration / ideal - 1) per planner x budget (90/70/50/30% of
 no-swap peak) for each profile; `inf` marks a plan the planner could not fit, `-` a
 budget below the planner's floor.
 
-Run: ``.venv/bin/python benchmarks/bench_planners.py [PROFILE ...]``.
+Run: ``.venv/bin/python benchmarks/bench_planners.py [PROFILE ...] [--planners a,b]
+[--hardware PRESET]`` (default: every shipped profile and planner, on a100-40gb-pcie4).
 """
 from __future__ import annotations
 
@@ -25,8 +26,17 @@ from simulator.hardware import load_hardware  # noqa: E402
 FRACTIONS = (0.9, 0.7, 0.5, 0.3)
 
 
-def main(names: list[str]) -> None:
-    hw = load_hardware("a100-40gb-pcie4")
+def main(argv: list[str]) -> None:
+    names, chosen, preset = [], None, "a100-40gb-pcie4"
+    args = iter(argv)
+    for arg in args:
+        if arg == "--planners":
+            chosen = set(next(args).split(","))
+        elif arg == "--hardware":
+            preset = next(args)
+        else:
+            names.append(arg)
+    hw = load_hardware(preset)
     names = names or [p.name.split(".json")[0] for p in shipped_profile_paths()]
     for name in names:
         profile = open_profile(name)
@@ -34,7 +44,9 @@ def main(names: list[str]) -> None:
               f"ideal {profile.ideal_us / 1e3:.1f} ms, on {hw.name}")
         print(f"{'planner':<12} {'plan s (median)':>16}  " + "  ".join(f"{int(f * 100):>5}%" for f in FRACTIONS))
         for spec in planners():
-            floor, _ = budget_floor(profile, spec.moves_persistent)
+            if chosen is not None and spec.name not in chosen:
+                continue
+            floor, _ = budget_floor(profile, spec.moves_persistent, spec.cpu_phases)
             cells, times = [], []
             for fraction in FRACTIONS:
                 budget = min(int(profile.peak_bytes * fraction), hw.gpu.memory_bytes)

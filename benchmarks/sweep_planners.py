@@ -92,7 +92,7 @@ def sweep(args) -> None:
         for hw_name in args.hardware:
             hw = load_hardware(hw_name)
             for spec in specs:
-                floor, _ = budget_floor(profile, spec.moves_persistent)
+                floor, _ = budget_floor(profile, spec.moves_persistent, spec.cpu_phases)
                 for fraction in FRACTIONS:
                     row = run_cell(profile, hw, spec, fraction, floor, args.timeout)
                     rows.append(row)

@@ -48,7 +48,7 @@ CASES = [(name, planner, params) for name in PROFILES for planner, params in VAR
 def test_plans_are_valid_and_within_budget_or_marked_infeasible(profiles, planner, params, profile_name):
     profile = profiles[profile_name]
     spec = get_planner(planner)
-    floor, _ = budget_floor(profile, spec.moves_persistent)
+    floor, _ = budget_floor(profile, spec.moves_persistent, spec.cpu_phases)
     for fraction in FRACTIONS:
         budget = min(int(profile.peak_bytes * fraction), HW.gpu.memory_bytes)
         if budget < floor:
