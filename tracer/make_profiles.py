@@ -5,7 +5,10 @@ Three kinds ship in ``profiles/``:
 - synthetic (``.json``): three generated graphs, timed on a100-40gb-pcie4;
 - traced (``.json.gz``): real models traced on fake tensors (needs the ``trace`` extra),
   timed on a100-40gb-pcie4, at batch sizes that put their no-swap peak at about 2x the
-  40 GiB GPU, the regime where swapping matters;
+  40 GiB GPU, the regime where swapping matters; and two mixed-precision LLMs traced
+  from the shipped transformers configs (``tracer/configs``) for offloading planners:
+  Llama-2 13B in fp16 on a 32 GB V100 (ZeRO-Offload's setup) and Llama-2 70B in bf16 on
+  the H200 with 1.5 TB of host memory, 16 bytes per parameter with AdamW;
 - imported (``.json.gz``): the VGG13 training iteration measured on an H100 (the trace
   beside this checkout in ../shared/data; skipped when that folder is absent).
 
@@ -40,6 +43,13 @@ TRACED = (
     ("vgg16", 1024, 224),
 )
 
+# Mixed-precision LLMs (name, config in tracer/configs, batch, seq, amp, hardware): one
+# sequence of 1024 tokens per step, as ZeRO-Offload trains a 13B model on one V100 32GB.
+AMP_TRACED = (
+    ("llama2-13b-b1-s1024-amp-fp16", "llama2-13b", 1, 1024, "fp16", "v100-32gb-pcie3"),
+    ("llama2-70b-b1-s1024-amp-bf16", "llama2-70b", 1, 1024, "bf16", "h200-141gb-1.5tb-pcie5"),
+)
+
 VGG13_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "triosim-vgg13-h100"
 VGG13_NAME = "vgg13-b512-h100-measured"
 
@@ -57,6 +67,13 @@ class Recipe:
 def _traced(model: str, batch: int, seq: int) -> Profile:
     from tracer.torch_trace import trace
     return trace(model, batch=batch, seq=seq)
+
+
+def _amp_traced(name: str, config: str, batch: int, seq: int, amp: str, hardware: str) -> Profile:
+    from tracer.models import CONFIG_DIR
+    from tracer.torch_trace import trace
+    return trace(hf_config=CONFIG_DIR / f"{config}.json", batch=batch, seq=seq, amp=amp,
+                 hardware=hardware, name=name)
 
 
 def _torch_missing() -> str | None:
@@ -79,6 +96,8 @@ def recipes() -> list[Recipe]:
              for name, p in zip(SYNTHETIC_NAMES, SYNTHETIC)]
     found += [Recipe(f"{m}-b{b}-s{s}", "traced", ".json.gz", lambda m=m, b=b, s=s: _traced(m, b, s),
                      _torch_missing) for m, b, s in TRACED]
+    found += [Recipe(row[0], "traced", ".json.gz", lambda row=row: _amp_traced(*row), _torch_missing)
+              for row in AMP_TRACED]
     found.append(Recipe(VGG13_NAME, "imported", ".json.gz", _vgg13,
                         lambda: None if VGG13_TRACE.is_dir() else f"{VGG13_TRACE} is absent"))
     return found

@@ -86,10 +86,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import json
 import math
 import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -541,6 +543,202 @@ def _default_loss(out):
     if not isinstance(first, torch.Tensor):
         raise TypeError(f"cannot make a loss from a {type(out).__name__} output")
     return first.float().sum()
+
+
+# ----------------------------------------------------------------------------- HF configs
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+HF_BATCH = 1
+HF_SEQ = 1024
+
+
+def config_path(path) -> Path:
+    """``path``, or the shipped config of that name (``llama2-13b`` is
+    ``tracer/configs/llama2-13b.json``) when no such file exists."""
+    given = Path(path)
+    if not given.exists() and given.name == str(path):
+        shipped = CONFIG_DIR / (given.name if given.suffix == ".json" else f"{given.name}.json")
+        if shipped.is_file():
+            return shipped
+    return given
+
+
+def _read_config(path) -> dict:
+    """The JSON object of a config file; InputError naming the file for anything else."""
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        shipped = ", ".join(p.stem for p in shipped_configs())
+        raise InputError(file, "hf-config", f"no such file (shipped configs: {shipped})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(file, "hf-config", f"cannot read it: {_one_line(exc)}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(file, f"line {exc.lineno}", f"not valid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise InputError(file, "", f"expected a JSON object (a transformers config), "
+                                   f"got {type(data).__name__}")
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise InputError(file, "model_type", "missing: a transformers config names its "
+                                             "model_type (llama, mistral, gpt2, ...)")
+    return data
+
+
+# Size fields of transformers configs (each family names some of them): when present and
+# not null, each must be a whole number >= 1 (checked before transformers sees them, so
+# that the error names the field).
+HF_SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                  "intermediate_size", "vocab_size", "max_position_embeddings", "head_dim",
+                  "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "ffn_dim", "d_model",
+                  "num_layers", "num_heads", "sliding_window")
+
+
+def _check_fields(file: str, data: dict) -> None:
+    """InputError naming the field for a size that is not a whole number >= 1, a hidden
+    size that the heads do not divide, or query heads that the KV heads do not divide."""
+    for key in HF_SIZE_FIELDS:
+        value = data.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(file, key, f"expected a whole number >= 1, got {value!r}")
+    hidden, heads = data.get("hidden_size"), data.get("num_attention_heads")
+    if hidden and heads and data.get("head_dim") is None and hidden % heads:
+        raise InputError(file, "hidden_size", f"{hidden} is not a multiple of num_attention_heads "
+                                              f"({heads}) and no head_dim is given")
+    kv = data.get("num_key_value_heads")
+    if heads and kv and heads % kv:
+        raise InputError(file, "num_key_value_heads", f"{kv} does not divide num_attention_heads "
+                                                      f"({heads})")
+
+
+def _hf_problem(exc: BaseException) -> tuple[str, str]:
+    """(field, one-line problem) of an error transformers raised about a config: the
+    field its validators name, if any, and its lines joined (long lists cut)."""
+    import re
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    text = text.split(". Should contain one of")[0]  # the list of every model type
+    found = re.search(r"field '(\w+)'", text)
+    return (found[1] if found else ""), f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _hf_config(file: str, data: dict):
+    """The transformers config object of ``data`` (its dtype fields ignored: the tracer
+    sets the dtype), without a KV cache."""
+    rest = {k: v for k, v in data.items() if k not in ("model_type", "torch_dtype", "dtype")}
+    model_type = data["model_type"]
+    with _quiet_transformers():
+        import transformers
+        from transformers import AutoConfig
+        try:
+            config = AutoConfig.for_model(model_type, **rest)
+        except Exception as exc:
+            where, problem = _hf_problem(exc)
+            if "Unrecognized model identifier" in problem:
+                raise InputError(file, "model_type", f"transformers {transformers.__version__} does "
+                                                     f"not know {model_type!r}") from None
+            raise InputError(file, where, f"transformers rejects the config: {problem}") from None
+        from transformers.activations import ACT2FN
+        for key in ("hidden_act", "activation_function"):
+            act = data.get(key)
+            if isinstance(act, str) and act not in ACT2FN:
+                raise InputError(file, key, f"unknown activation {act!r} (transformers knows "
+                                            f"{', '.join(sorted(ACT2FN)[:8])}, ...)")
+    config.use_cache = False
+    return config
+
+
+def _hf_module(file: str, config) -> nn.Module:
+    """``AutoModelForCausalLM.from_config`` on the meta device, in fp32, SDPA attention."""
+    import warnings
+    model_type = config.model_type
+    with _quiet_transformers(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from transformers import AutoModelForCausalLM
+        try:
+            with torch.device("meta"):
+                module = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                                          dtype=torch.float32)
+        except ValueError as exc:
+            if "Unrecognized configuration class" in str(exc):
+                raise InputError(file, "model_type", f"{model_type!r} is not a causal LM "
+                                                     f"(AutoModelForCausalLM has no class for it)") from None
+            where, problem = _hf_problem(exc)
+            raise InputError(file, where, f"transformers cannot build the model: {problem}") from None
+        except Exception as exc:
+            where, problem = _hf_problem(exc)
+            raise InputError(file, where, f"transformers cannot build the model: {problem}") from None
+    module.loss_type = "ForCausalLM"  # what transformers falls back to, without a warning
+    return module
+
+
+def _config_int(file: str, config, field_name: str, required: bool = True) -> int | None:
+    """A positive whole-number field of a transformers config (None when absent and optional)."""
+    try:
+        value = getattr(config, field_name, None)
+    except Exception:  # an attribute_map that points nowhere
+        value = None
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(file, field_name, f"expected a whole number >= 1, got {value!r}")
+    return value
+
+
+def hf_config_name(path, data: dict, config) -> str:
+    """The workload name: the config file's stem, or ``<model_type>-h<hidden>-l<layers>``
+    when the file is just ``config.json``."""
+    stem = Path(path).name.removesuffix(".json")
+    if stem and stem != "config":
+        return stem
+    hidden = getattr(config, "hidden_size", "?")
+    layers = getattr(config, "num_hidden_layers", "?")
+    return f"{data['model_type']}-h{hidden}-l{layers}"
+
+
+def from_hf_config(path, *, batch: int | None = None, seq: int | None = None) -> Workload:
+    """The :class:`Workload` of a transformers causal LM described by a local config.json:
+    built on the meta device (no weights, no download), trained on ``input_ids`` and
+    ``labels`` with its own causal LM loss. ``path`` may also name a shipped config
+    (``llama2-13b``, see :func:`config_path`). ``batch`` defaults to 1 and ``seq`` to 1024,
+    or to the config's position limit (``max_position_embeddings``, ``n_positions``)
+    when that is smaller; a larger ``seq`` than the limit is refused.
+
+    Raises InputError naming the file and the field (missing, unreadable, not JSON, no
+    ``model_type``, a size that is not a whole number >= 1, heads that do not divide,
+    rejected by transformers, not a causal LM) or the argument (bad sizes).
+    """
+    path = config_path(path)
+    file = str(path)
+    data = _read_config(path)
+    _check_fields(file, data)
+    batch = _size(batch, "batch", HF_BATCH)
+    config = _hf_config(file, data)
+    vocab = _config_int(file, config, "vocab_size")
+    limit = None
+    for key in ("max_position_embeddings", "n_positions"):
+        limit = limit or _config_int(file, config, key, required=False)
+    name = hf_config_name(path, data, config)
+    seq = _size(seq, "seq", min(HF_SEQ, limit or HF_SEQ))
+    if limit is not None and seq > limit:
+        raise InputError("<argument>", "seq", f"{name} takes a sequence length of at most {limit} "
+                                              f"({file}), got {seq}")
+    module = _hf_module(file, config)
+    module.train()
+    inputs = {"input_ids": BatchTensor((batch, seq), torch.int64, vocab),
+              "labels": BatchTensor((batch, seq), torch.int64, vocab)}
+    description = (f"{data['model_type']} from {file} "
+                   f"({parameter_count(module) / 1e9:.2f}B parameters), HF {type(module).__name__}")
+    return Workload(name, module, inputs, _lm_forward, batch, seq, description, registered=False,
+                    extra={"hf_config": file, "model_type": data["model_type"]})
+
+
+def shipped_configs() -> list[Path]:
+    """The config.json files shipped in ``tracer/configs``."""
+    return sorted(CONFIG_DIR.glob("*.json"))
 
 
 # ----------------------------------------------------------------------------- entry point

@@ -96,9 +96,33 @@ From the graph to the profile
   module of the backward op before them; optimizer ops the module owning the
   parameter. The root module is ``model``; a loss computed outside it is ``loss``.
 
+Mixed precision (``amp="fp16"`` / ``"bf16"``)
+---------------------------------------------
+Parameters, floating buffers and floating inputs are in the amp dtype; the forward runs
+under autocast with CUDA's op lists (:mod:`tracer.autocast`; the CPU's with
+``gpu_kernels=False``); gradients come out in their parameter's dtype. The optimizer
+state is fp32 and starts with a master copy of each parameter (``<param>.master``,
+``optimizer_state``), then AdamW's moments (or SGD's momentum): 16 bytes per parameter
+with AdamW. :meth:`TrainStep._amp_step` steps parameter by parameter, in three parts
+that become three consecutive profile ops per parameter (graph nodes annotated with
+``optim_slot`` / ``optim_part``, merged in :func:`_finish`):
+
+- ``optim::<optimizer>_foreach``: inputs ``<param>.grad`` (low precision), updates
+  the master and the moments; its kernels are the single-tensor ones
+  (:func:`adamw_master`, :func:`sgd_master`) on the gradient cast to fp32, whose
+  temporaries become the op's ``workspace_bytes`` (the most they hold at once);
+- ``optim::cast_master``: inputs the master, outputs ``<param>.new`` (low precision,
+  kind ``other``);
+- ``optim::copy_param``: inputs ``<param>.new``, updates the parameter.
+
+fp16 uses a static loss scale (:data:`LOSS_SCALE`): the forward ends with
+``loss * LOSS_SCALE`` and each parameter's step unscales its fp32 gradient in place;
+the overflow check and the scale update are not traced.
+
 Every problem raises ``InputError("<argument>", field, problem)`` with a one-line
 problem: unknown model, bad ``module:callable``, bad sizes, a dtype the hardware
-lacks, or a model that fails to trace.
+lacks, or a model that fails to trace; a bad ``hf_config`` file raises InputError
+naming the file and the field.
 """
 from __future__ import annotations
 
@@ -116,12 +140,16 @@ from tracer.roofline import DTYPE_BYTES, kernel_time_us, peak_tflops
 DEFAULT_HARDWARE = "a100-40gb-pcie4"
 OPTIMIZERS = ("adamw", "sgd")
 DTYPES = tuple(DTYPE_BYTES)
+AMP_DTYPES = ("fp16", "bf16")
 # torch.optim defaults (AdamW) and a common SGD setting; the values change no shape.
 ADAMW = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 1e-2}
 SGD = {"lr": 1e-2, "momentum": 0.9, "dampening": 0.0}
 ROOT_MODULE = "model"
 LOSS_MODULE = "loss"
 _STEP = 1  # the optimizer step whose bias corrections are used (a Python number)
+# fp16 mixed precision: the static loss scale (torch.amp.GradScaler's initial scale); the
+# backward starts from loss x LOSS_SCALE and each parameter's step unscales its gradient.
+LOSS_SCALE = 2.0 ** 16
 
 
 def _torch():
@@ -168,9 +196,46 @@ def sgd_foreach(params, grads, momentum_buffers, *, lr=SGD["lr"], momentum=SGD["
     torch._foreach_add_(params, momentum_buffers, alpha=-lr)
 
 
-def state_names(optimizer: str) -> tuple[str, ...]:
-    """The per-parameter optimizer state tensors, in the order the step takes them."""
-    return ("exp_avg", "exp_avg_sq") if optimizer == "adamw" else ("momentum_buffer",)
+def adamw_master(grad, master, exp_avg, exp_avg_sq, *, lr=ADAMW["lr"], beta1=ADAMW["beta1"],
+                 beta2=ADAMW["beta2"], eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"],
+                 step=_STEP, inv_scale=1.0):
+    """Part a of a mixed-precision AdamW step: one parameter's fp32 ``master`` and moments
+    from its low-precision gradient, with the single-tensor kernels of
+    ``torch.optim.AdamW(foreach=False)`` (in place where they can be), on the gradient
+    cast to fp32 (and unscaled in place when ``inv_scale`` is not 1: fp16 loss scaling).
+    Its temporaries, the fp32 gradient and then the denominator, are freed as soon as
+    they are last used."""
+    g = grad.float()
+    if inv_scale != 1.0:
+        g.mul_(inv_scale)
+    master.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(g, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    del g
+    bias_correction1 = 1 - beta1 ** step
+    bias_correction2 = 1 - beta2 ** step
+    denom = exp_avg_sq.sqrt().div_(bias_correction2 ** 0.5).add_(eps)
+    master.addcdiv_(exp_avg, denom, value=-(lr / bias_correction1))
+
+
+def sgd_master(grad, master, momentum_buffer, *, lr=SGD["lr"], momentum=SGD["momentum"],
+               dampening=SGD["dampening"], inv_scale=1.0):
+    """Part a of a mixed-precision SGD-with-momentum step: one parameter's fp32 ``master``
+    and momentum from its low-precision gradient (its one temporary: the fp32 gradient,
+    unscaled in place when ``inv_scale`` is not 1)."""
+    g = grad.float()
+    if inv_scale != 1.0:
+        g.mul_(inv_scale)
+    momentum_buffer.mul_(momentum).add_(g, alpha=1 - dampening)
+    del g
+    master.add_(momentum_buffer, alpha=-lr)
+
+
+def state_names(optimizer: str, amp: str | None = None) -> tuple[str, ...]:
+    """The per-parameter optimizer state tensors, in the order the step takes them
+    (under ``amp``, the fp32 master copy first)."""
+    names = ("exp_avg", "exp_avg_sq") if optimizer == "adamw" else ("momentum_buffer",)
+    return ("master",) + names if amp else names
 
 
 # ----------------------------------------------------------------------------- kernel choices
@@ -215,6 +280,11 @@ def _make_gpu_kernels_mode():
         @staticmethod
         def _attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                        scale=None, enable_gqa=False):
+            if torch.is_autocast_enabled("cpu"):  # CUDA autocast casts SDPA's arguments
+                low = torch.get_autocast_dtype("cpu")
+                query, key, value, attn_mask = (
+                    t.to(low) if t is not None and t.is_floating_point() and t.dtype != low else t
+                    for t in (query, key, value, attn_mask))
             if enable_gqa and key.shape[-3] != query.shape[-3]:
                 groups = query.shape[-3] // key.shape[-3]
                 key = key.repeat_interleave(groups, dim=-3)
@@ -231,6 +301,19 @@ def _make_gpu_kernels_mode():
                 scale=scale)[0]
 
     return GpuKernels()
+
+
+def _torch_dtype(name: str):
+    """The torch dtype of "fp32", "fp16" or "bf16"."""
+    import torch
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def _autocast(amp: str, gpu_kernels: bool):
+    """Autocast to ``amp``'s dtype with the op policy of CUDA (GPU kernels) or the CPU."""
+    from tracer.autocast import cpu_autocast, cuda_autocast
+    dtype = _torch_dtype(amp)
+    return cuda_autocast(dtype) if gpu_kernels else cpu_autocast(dtype)
 
 
 @contextlib.contextmanager
@@ -254,7 +337,11 @@ def _unpacked_batches():
 class TrainStep:
     """One training step of a :class:`tracer.models.Workload` as a function of flat lists:
     ``step(params, buffers, states, batch) -> loss`` where ``states`` holds one list per
-    optimizer state (``state_names(optimizer)``), each aligned with ``params``.
+    optimizer state (``state_names(optimizer, amp)``), each aligned with ``params``.
+
+    ``amp`` ("fp16" or "bf16", parameters in that dtype): the forward runs under
+    autocast (CUDA's op policy with ``gpu_kernels``, else the CPU's) and the optimizer
+    is the mixed-precision step of :meth:`_amp_step`.
 
     It runs eagerly on real tensors too (the tests compare a real CPU run of it with
     its trace). ``annotate=True`` adds the module and autograd-node annotations the
@@ -262,11 +349,12 @@ class TrainStep:
     """
 
     def __init__(self, workload, optimizer: str = "adamw", gpu_kernels: bool = True,
-                 annotate: bool = False):
+                 annotate: bool = False, amp: str | None = None):
         self.workload = workload
         self.optimizer = optimizer
         self.gpu_kernels = gpu_kernels
         self.annotate = annotate
+        self.amp = amp
         module = workload.module
         self.param_names = [n for n, _ in module.named_parameters()]
         self.buffer_names = [n for n, _ in module.named_buffers()]
@@ -290,17 +378,56 @@ class TrainStep:
                 stack.enter_context(_make_gpu_kernels_mode())
             if self.annotate:
                 stack.enter_context(self._module_annotations())
+            if self.amp:
+                stack.enter_context(_autocast(self.amp, self.gpu_kernels))
             loss = self.workload.forward(call, dict(zip(self.input_names, batch)))
-        if self.annotate:
-            _annotate_backward(loss)
-        with record_function("phase:backward"):
-            grads = list(torch.autograd.grad(loss, params))
+            # fp16: the backward starts from the loss times a static loss scale
+            scaled = loss * LOSS_SCALE if self.amp == "fp16" else loss
+        open_frames = _annotate_backward(scaled) if self.annotate else []
+        try:
+            with record_function("phase:backward"):
+                grads = list(torch.autograd.grad(scaled, params))
+        finally:  # a backward that failed midway leaves its nodes' annotations open
+            while open_frames:
+                open_frames.pop().__exit__(None, None, None)
+        del scaled
         with record_function("phase:optimizer"), torch.no_grad():
-            if self.optimizer == "adamw":
+            if self.amp:
+                self._amp_step(params, grads, states)
+            elif self.optimizer == "adamw":
                 adamw_foreach(params, grads, states[0], states[1])
             else:
                 sgd_foreach(params, grads, states[0])
         return loss.detach()
+
+    def _amp_step(self, params, grads, states) -> None:
+        """The mixed-precision optimizer step, parameter by parameter, in three parts:
+        a. AdamW / SGD on the fp32 master from the low-precision gradient (which is
+        freed after it; unscaled under fp16); b. ``new = master.to(dtype)``;
+        c. ``param.copy_(new)``."""
+        masters, moments = states[0], states[1:]
+        inv_scale = 1.0 / LOSS_SCALE if self.amp == "fp16" else 1.0
+        for i, param in enumerate(params):
+            grad, grads[i] = grads[i], None
+            with self._part(i, "step"):
+                if self.optimizer == "adamw":
+                    adamw_master(grad, masters[i], moments[0][i], moments[1][i],
+                                 inv_scale=inv_scale)
+                else:
+                    sgd_master(grad, masters[i], moments[0][i], inv_scale=inv_scale)
+            del grad
+            with self._part(i, "cast_master"):
+                new = masters[i].to(param.dtype)
+            with self._part(i, "copy_param"):
+                param.copy_(new)
+            del new
+
+    def _part(self, slot: int, part: str):
+        """Annotate the graph nodes of one part of one parameter's mixed-precision step."""
+        if not self.annotate:
+            return contextlib.nullcontext()
+        from torch.fx import traceback as fx_traceback
+        return fx_traceback.annotate({"optim_slot": slot, "optim_part": part})
 
     @contextlib.contextmanager
     def _module_annotations(self):
@@ -334,14 +461,15 @@ class TrainStep:
                 handle.remove()
 
 
-def _annotate_backward(loss) -> None:
+def _annotate_backward(loss) -> list:
     """Pre/post hooks on every autograd node: the graph nodes its backward creates are
-    annotated with the node's sequence number, which is its forward op's ``seq_nr``."""
+    annotated with the node's sequence number, which is its forward op's ``seq_nr``.
+    Returns the list of open annotations (empty after a backward that completes)."""
     from torch.fx import traceback as fx_traceback
+    frames: list = []
     root = loss.grad_fn
     if root is None:
-        return
-    frames: list = []
+        return frames
 
     def prehook_for(seq_nr):
         def prehook(grad_outputs):
@@ -364,6 +492,7 @@ def _annotate_backward(loss) -> None:
         node.register_prehook(prehook_for(node._sequence_nr()))
         node.register_hook(posthook)
         todo.extend(fn for fn, _ in node.next_functions)
+    return frames
 
 
 # ----------------------------------------------------------------------------- capture
@@ -381,18 +510,23 @@ class Capture:
 
 
 def capture(workload, *, dtype: str = "fp32", optimizer: str = "adamw",
-            gpu_kernels: bool = True) -> Capture:
-    """make_fx over the functional step on fake tensors (no memory is allocated)."""
+            gpu_kernels: bool = True, amp: str | None = None) -> Capture:
+    """make_fx over the functional step on fake tensors (no memory is allocated).
+
+    Under ``amp`` the parameters, buffers and floating inputs are in the amp dtype and
+    the optimizer state (master copies first) in fp32; else everything is in ``dtype``.
+    """
     torch = _torch()
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx import traceback as fx_traceback
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    torch_dtype = _torch_dtype(amp or dtype)
+    state_dtype = torch.float32 if amp else torch_dtype
     module = workload.module
     if torch_dtype != torch.float32:
         module.to(torch_dtype)  # on meta: fake tensors cannot change dtype (.to fails)
-    step = TrainStep(workload, optimizer, gpu_kernels, annotate=True)
+    step = TrainStep(workload, optimizer, gpu_kernels, annotate=True, amp=amp)
     named_params = dict(module.named_parameters())
     named_buffers = dict(module.named_buffers())
     with FakeTensorMode():
@@ -400,8 +534,8 @@ def capture(workload, *, dtype: str = "fp32", optimizer: str = "adamw",
                               requires_grad=True) for n in step.param_names]
         buffers = [torch.empty(named_buffers[n].shape, dtype=named_buffers[n].dtype)
                    for n in step.buffer_names]
-        states = [[torch.empty(p.shape, dtype=p.dtype) for p in params]
-                  for _ in state_names(optimizer)]
+        states = [[torch.empty(p.shape, dtype=state_dtype) for p in params]
+                  for _ in state_names(optimizer, amp)]
         batch = [torch.empty(spec.shape, dtype=spec.dtype or torch_dtype)
                  for spec in workload.inputs.values()]
     with fx_traceback.preserve_node_meta(), _unpacked_batches():
@@ -440,10 +574,12 @@ class _RawOp:
     updates: list
     flops: float
     bytes_moved: float
-    slot: int | None = None   # list position of a foreach slice
+    slot: int | None = None   # list position of a foreach slice / amp step's parameter
     kernel: int | None = None  # which foreach kernel a slice belongs to
+    part: str = "step"         # which part of a parameter's optimizer step (_OPTIM_PARTS)
     time_us: float | None = None
     dense: tuple = ()          # accumulations: which inputs are whole, contiguous storages
+    workspace: int = 0         # bytes of internal temporaries (merged optimizer ops)
 
 
 @dataclass
@@ -573,10 +709,11 @@ class _OpValues:
 
 
 def lower(cap: Capture, hw: Hardware, dtype: str, optimizer: str) -> tuple[list, list]:
-    """Walk the graph in order and build the profile's tensors and ops."""
+    """Walk the graph in order and build the profile's tensors and ops (kernel times use
+    the peak of ``dtype``, or of the amp dtype under amp)."""
     import torch
     gm = cap.graph_module
-    low = _Lowering(hw, dtype)
+    low = _Lowering(hw, cap.step.amp or dtype)
     _add_graph_inputs(low, gm, cap.step, optimizer)
     record_enter = torch.ops.profiler._record_function_enter_new.default
     walk = _Walk()
@@ -596,7 +733,7 @@ def _graph_input_roles(step: TrainStep, optimizer: str) -> list[tuple[str, str]]
     """(kind, name) of every graph input, in the order the step takes its arguments."""
     return ([("weight", n) for n in step.param_names]
             + [("weight", n) for n in step.buffer_names]
-            + [("optimizer_state", f"{p}.{s}") for s in state_names(optimizer)
+            + [("optimizer_state", f"{p}.{s}") for s in state_names(optimizer, step.amp)
                for p in step.param_names]
             + [("input", f"batch.{n}") for n in step.input_names])
 
@@ -674,7 +811,12 @@ def _lower_op(low: _Lowering, walk: _Walk, node) -> None:
         walk.kernel_count += 1
         _lower_foreach(low, target, args, kwargs, out, walk.phase, walk.kernel_count)
     else:
+        before = len(low.ops)
         _lower_kernel(low, walk, node, module, args, kwargs, out)
+        custom = node.meta.get("custom") or {}
+        if walk.phase == "optimizer" and "optim_slot" in custom:
+            for raw in low.ops[before:]:  # a part of a mixed-precision step: merged in _finish
+                raw.slot, raw.part = custom["optim_slot"], custom["optim_part"]
 
 
 def _reserve_allocations(low: _Lowering, out_vals: list, phase: str) -> None:
@@ -874,38 +1016,22 @@ def _lower_foreach(low: _Lowering, target, args, kwargs, out, phase: str,
     low.ops.extend(slices)
 
 
+_OPTIM_PARTS = ("step", "cast_master", "copy_param")
+
+
 def _finish(low: _Lowering, step: TrainStep, optimizer: str) -> tuple[list, list]:
-    """Merge optimizer slices per parameter, time the ops, number tensors and ops."""
+    """Merge optimizer slices per parameter (and part), time the ops, number tensors and ops."""
     main = [op for op in low.ops if op.slot is None]
-    slices = [op for op in low.ops if op.slot is not None]
-    by_slot: dict[int, list] = {}
-    for op in slices:
-        by_slot.setdefault(op.slot, []).append(op)
+    by_part: dict[tuple[int, str], list] = {}
+    for op in low.ops:
+        if op.slot is not None:
+            by_part.setdefault((op.slot, op.part), []).append(op)
     merged = []
-    name = f"optim::{optimizer}_foreach"
     for i, pname in enumerate(step.param_names):
-        group = by_slot.get(i, [])
-        if not group:
-            continue
-        produced = {t.index for op in group for t in op.outputs}
-        inputs, updates, temps = [], [], []
-        for op in group:
-            inputs += [t for t in op.inputs if t.index not in produced]
-            updates += op.updates
-            temps += op.outputs
-        updates = _dedup(t for t in updates if t.index not in produced)
-        upd_ids = {t.index for t in updates}
-        inputs = _dedup(t for t in inputs if t.index not in upd_ids)
-        for t in temps:
-            t.dropped = True
-        for t in inputs:
-            if t.kind == "gradient":
-                t.name = f"{pname}.grad"
-        owner = pname.rpartition(".")[0] or ROOT_MODULE
-        op = _RawOp(name, "optimizer", owner, inputs, [], updates, 0.0,
-                    sum(o.bytes_moved for o in group))
-        op.time_us = round(sum(o.time_us for o in group), 3)
-        merged.append(op)
+        for part in _OPTIM_PARTS:
+            group = by_part.get((i, part))
+            if group:
+                merged.append(_merge_part(low, group, part, pname, optimizer))
 
     ids = {}
     tensors = []
@@ -917,47 +1043,153 @@ def _finish(low: _Lowering, step: TrainStep, optimizer: str) -> tuple[list, list
                               shape=t.shape, dtype=t.dtype))
     ops = []
     for raw in main + merged:
-        time = raw.time_us if raw.time_us is not None else \
-            kernel_time_us(low.hw, raw.flops, raw.bytes_moved, low.dtype)
-        ops.append(Op(id=f"o{len(ops)}", name=raw.name, phase=raw.phase, time_us=time,
+        ops.append(Op(id=f"o{len(ops)}", name=raw.name, phase=raw.phase, time_us=_time(low, raw),
                       inputs=tuple(ids[t.index] for t in raw.inputs if t.index in ids),
                       outputs=tuple(ids[t.index] for t in raw.outputs if t.index in ids),
                       updates=tuple(ids[t.index] for t in raw.updates if t.index in ids),
-                      flops=float(raw.flops), module=raw.module))
+                      workspace_bytes=raw.workspace, flops=float(raw.flops), module=raw.module))
     return tensors, ops
+
+
+def _time(low: _Lowering, raw: _RawOp) -> float:
+    """An op's time: set already (optimizer ops, foreach slices) or from the roofline."""
+    if raw.time_us is not None:
+        return raw.time_us
+    return kernel_time_us(low.hw, raw.flops, raw.bytes_moved, low.dtype)
+
+
+def _merge_part(low: _Lowering, group: list, part: str, pname: str, optimizer: str) -> _RawOp:
+    """One profile op for one part of one parameter's optimizer step.
+
+    ``step`` (``optim::<optimizer>_foreach``): reads the gradient, updates the weight (or,
+    under amp, the master) and the state; what its kernels make is internal and dropped.
+    For foreach slices that adds no workspace (module doc); the per-parameter kernels
+    of a mixed-precision step hold their temporaries (the fp32 gradient, AdamW's
+    denominator) as workspace, at most what they hold at once. ``cast_master``
+    (``optim::cast_master``) makes ``<param>.new``; ``copy_param`` (``optim::copy_param``)
+    reads it and updates the weight.
+    """
+    produced = {t.index for op in group for t in op.outputs}
+    inputs, updates, outputs = [], [], []
+    for op in group:
+        inputs += [t for t in op.inputs if t.index not in produced]
+        updates += op.updates
+        outputs += op.outputs
+    updates = _dedup(t for t in updates if t.index not in produced)
+    upd_ids = {t.index for t in updates}
+    inputs = _dedup(t for t in inputs if t.index not in upd_ids)
+    for t in inputs:
+        if t.kind == "gradient":
+            t.name = f"{pname}.grad"
+    workspace = 0
+    if part == "cast_master":
+        for t in outputs:
+            t.name = f"{pname}.new"
+    else:
+        for t in outputs:
+            t.dropped = True
+        if all(op.kernel is None for op in group):
+            workspace = _temporaries_peak(group)
+        outputs = []
+    name = {"step": f"optim::{optimizer}_foreach", "cast_master": "optim::cast_master",
+            "copy_param": "optim::copy_param"}[part]
+    owner = pname.rpartition(".")[0] or ROOT_MODULE
+    op = _RawOp(name, "optimizer", owner, inputs, outputs, updates, 0.0,
+                sum(o.bytes_moved for o in group), workspace=workspace)
+    op.time_us = round(sum(_time(low, o) for o in group), 3)
+    return op
+
+
+def _temporaries_peak(group: list) -> int:
+    """The most bytes the tensors made inside a group of kernels hold at once, each held
+    from the kernel that makes it to the last kernel of the group that touches it."""
+    made = {t.index: t for op in group for t in op.outputs}
+    last = {}
+    for k, op in enumerate(group):
+        for t in op.inputs + op.updates + op.outputs:
+            if t.index in made:
+                last[t.index] = k
+    live = peak = 0
+    for k, op in enumerate(group):
+        live += sum(t.bytes for t in op.outputs)
+        peak = max(peak, live)
+        live -= sum(made[i].bytes for i, end in last.items() if end == k)
+    return peak
 
 
 # ----------------------------------------------------------------------------- entry point
 
 
-def trace(model: str, *, batch: int | None = None, seq: int | None = None, dtype: str = "fp32",
-          optimizer: str = "adamw", hardware: str | Hardware = DEFAULT_HARDWARE,
-          name: str | None = None, gpu_kernels: bool = True) -> Profile:
+def trace(model: str | None = None, *, batch: int | None = None, seq: int | None = None,
+          dtype: str = "fp32", optimizer: str = "adamw",
+          hardware: str | Hardware = DEFAULT_HARDWARE, name: str | None = None,
+          gpu_kernels: bool = True, amp: str | None = None, hf_config=None) -> Profile:
     """Trace one training step of ``model`` into a Profile.
 
     Parameters
     ----------
     model : a registered name (:data:`tracer.models.MODELS`) or ``"module:callable"``
-        (contract in :mod:`tracer.models`).
+        (contract in :mod:`tracer.models`); None with ``hf_config``.
     batch, seq : samples per batch; sequence length (language models) or image side
-        (vision models). None: the model's default.
+        (vision models). None: the model's default (1 and 1024 for ``hf_config``).
     dtype : "fp32", "bf16" or "fp16": parameters, optimizer state, activations and
         floating inputs all in it (pure low-precision training); kernel times use its
         peak.
     optimizer : "adamw" (torch defaults, foreach form) or "sgd" (momentum 0.9).
     hardware : a preset name, a hardware file, or a Hardware; times the kernels.
-    name : the profile name; default ``<model>-b<batch>[-s<seq>][-<dtype>][-<optimizer>]
-        [-<hardware>][-cpu-kernels]`` (dtype when not fp32, optimizer when not adamw,
-        hardware when not the default preset).
+    name : the profile name; default ``<model>-b<batch>[-s<seq>][-<dtype>][-amp-<amp>]
+        [-<optimizer>][-<hardware>][-cpu-kernels]`` (dtype when not fp32, optimizer
+        when not adamw, hardware when not the default preset).
     gpu_kernels : use the kernels a CUDA run picks (fused dropout, flash/efficient
-        attention); False keeps the CPU's choices.
+        attention, CUDA's autocast lists); False keeps the CPU's choices.
+    amp : "fp16" or "bf16": mixed-precision training with fp32 master weights (16 bytes
+        per parameter with AdamW): parameters, gradients and batch in that dtype, the
+        forward under autocast, fp32 master copies and moments, and per parameter the
+        optimizer ops ``optim::<optimizer>_foreach``, ``optim::cast_master`` and
+        ``optim::copy_param``. Needs ``dtype="fp32"``; kernel times use its peak.
+    hf_config : a local transformers config.json of a causal LM, instead of ``model``
+        (:func:`tracer.models.from_hf_config`).
 
     Raises
     ------
     InputError("<argument>", field, problem) with a one-line problem for an unknown
-    model, a bad ``module:callable``, bad sizes, a dtype the hardware lacks, or a model
-    that fails to trace.
+    model, a bad ``module:callable``, bad sizes, a dtype the hardware lacks, both or
+    neither of ``model`` and ``hf_config``, ``amp`` with a low-precision ``dtype``, or
+    a model that fails to trace; InputError naming the config file for a bad one.
     """
+    _check_options(model, dtype, optimizer, name, amp, hf_config)
+    hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
+    peak_tflops(hw, dtype)  # raises InputError when the GPU lacks the dtype
+    if amp:
+        try:
+            peak_tflops(hw, amp)
+        except InputError as exc:
+            raise InputError("<argument>", "amp", exc.problem) from None
+    torch = _torch()
+    from tracer import models
+    label = model if hf_config is None else _config_label(hf_config)
+    try:
+        if hf_config is None:
+            workload = models.build(model, batch=batch, seq=seq)
+        else:
+            workload = models.from_hf_config(hf_config, batch=batch, seq=seq)
+        cap = capture(workload, dtype=dtype, optimizer=optimizer, gpu_kernels=gpu_kernels,
+                      amp=amp)
+        tensors, ops = lower(cap, hw, dtype, optimizer)
+        source = _source(model, workload, dtype, optimizer, hw, gpu_kernels, torch.__version__,
+                         amp, label if hf_config is not None else None)
+        return Profile(name=name or _default_name(workload, dtype, optimizer, hw, gpu_kernels, amp),
+                       tensors=tuple(tensors), ops=tuple(ops), source=source,
+                       origin=f"<trace {label}>")
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError("<argument>", "model" if hf_config is None else "hf-config",
+                         f"{label} failed to trace: {models._one_line(exc)}") from None
+
+
+def _check_options(model, dtype, optimizer, name, amp, hf_config) -> None:
+    """InputError for an option that is invalid on its own or with another."""
     if dtype not in DTYPE_BYTES:
         raise InputError("<argument>", "dtype",
                          f"unknown dtype {dtype!r} (use {', '.join(DTYPES)})")
@@ -966,31 +1198,43 @@ def trace(model: str, *, batch: int | None = None, seq: int | None = None, dtype
                          f"unknown optimizer {optimizer!r} (use {', '.join(OPTIMIZERS)})")
     if name is not None and (not isinstance(name, str) or not name.strip()):
         raise InputError("<argument>", "name", f"expected a non-empty name, got {name!r}")
-    hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
-    peak_tflops(hw, dtype)  # raises InputError when the GPU lacks the dtype
-    torch = _torch()
-    from tracer import models
+    if amp is not None and amp not in AMP_DTYPES:
+        raise InputError("<argument>", "amp", f"unknown amp dtype {amp!r} "
+                                              f"(use {', '.join(AMP_DTYPES)})")
+    if amp is not None and dtype != "fp32":
+        raise InputError("<argument>", "amp",
+                         f"--amp {amp} keeps fp32 master weights and is not combined with "
+                         f"--dtype {dtype} (pure {dtype} training); give one of them")
+    if model is not None and hf_config is not None:
+        raise InputError("<argument>", "hf-config",
+                         f"give a model or --hf-config, not both (got {model!r} and {str(hf_config)!r})")
+    if model is None and hf_config is None:
+        raise InputError("<argument>", "model", "give a model name, module:callable or --hf-config")
+
+
+def _config_label(path) -> str:
+    """How a config file is named in the profile: ``tracer/configs/<file>`` for a
+    shipped one (the same on every machine), else the path as given."""
+    from pathlib import Path
+
+    from tracer.models import CONFIG_DIR, config_path
+    given = config_path(path)
     try:
-        workload = models.build(model, batch=batch, seq=seq)
-        cap = capture(workload, dtype=dtype, optimizer=optimizer, gpu_kernels=gpu_kernels)
-        tensors, ops = lower(cap, hw, dtype, optimizer)
-        source = _source(model, workload, dtype, optimizer, hw, gpu_kernels, torch.__version__)
-        return Profile(name=name or _default_name(workload, dtype, optimizer, hw, gpu_kernels),
-                       tensors=tuple(tensors), ops=tuple(ops), source=source,
-                       origin=f"<trace {model}>")
-    except InputError:
-        raise
-    except Exception as exc:
-        raise InputError("<argument>", "model",
-                         f"{model} failed to trace: {models._one_line(exc)}") from None
+        if given.resolve().parent == CONFIG_DIR:
+            return f"tracer/configs/{given.name}"
+    except OSError:
+        pass
+    return str(path)
 
 
-def _default_name(workload, dtype, optimizer, hw, gpu_kernels) -> str:
+def _default_name(workload, dtype, optimizer, hw, gpu_kernels, amp=None) -> str:
     parts = [workload.name, f"b{workload.batch}"]
     if workload.seq is not None:
         parts.append(f"s{workload.seq}")
     if dtype != "fp32":
         parts.append(dtype)
+    if amp:
+        parts.append(f"amp-{amp}")
     if optimizer != "adamw":
         parts.append(optimizer)
     if hw.name != DEFAULT_HARDWARE:
@@ -1000,19 +1244,32 @@ def _default_name(workload, dtype, optimizer, hw, gpu_kernels) -> str:
     return "-".join(parts)
 
 
-def _source(model, workload, dtype, optimizer, hw, gpu_kernels, torch_version) -> dict:
-    command = f"swapplan trace {model} --batch {workload.batch}"
+def _source(model, workload, dtype, optimizer, hw, gpu_kernels, torch_version, amp=None,
+            config=None) -> dict:
+    """The profile's ``source``: the command that remakes it and the options (``amp`` and
+    ``hf_config`` only when used, so that other profiles keep their bytes)."""
+    what = model if config is None else f"--hf-config {config}"
+    command = f"swapplan trace {what} --batch {workload.batch}"
     if workload.seq is not None:
         command += f" --seq {workload.seq}"
-    command += f" --dtype {dtype} --optimizer {optimizer} --hardware {hw.name}"
-    return {"kind": "traced",
-            "from": f"{command} (torch {torch_version}, make_fx on fake tensors, "
-                    f"{'GPU' if gpu_kernels else 'CPU'} kernel choices)",
-            "timing": f"roofline:{hw.name}", "batch": workload.batch, "seq": workload.seq,
-            "dtype": dtype, "optimizer": optimizer, "model": model,
-            "kernels": "gpu" if gpu_kernels else "cpu"}
+    command += f" --amp {amp}" if amp else f" --dtype {dtype}"
+    command += f" --optimizer {optimizer} --hardware {hw.name}"
+    source = {"kind": "traced",
+              "from": f"{command} (torch {torch_version}, make_fx on fake tensors, "
+                      f"{'GPU' if gpu_kernels else 'CPU'} kernel choices)",
+              "timing": f"roofline:{hw.name}", "batch": workload.batch, "seq": workload.seq,
+              "dtype": dtype, "optimizer": optimizer,
+              "model": model if config is None else workload.extra["model_type"],
+              "kernels": "gpu" if gpu_kernels else "cpu"}
+    if amp:
+        source["amp"] = amp
+        source["master_weights"] = "fp32"
+    if config is not None:
+        source["hf_config"] = config
+    return source
 
 
 __all__ = ["trace", "capture", "lower", "TrainStep", "adamw_foreach", "sgd_foreach",
-           "state_names", "OPTIMIZERS", "DTYPES", "DEFAULT_HARDWARE"]
+           "adamw_master", "sgd_master", "state_names", "OPTIMIZERS", "DTYPES", "AMP_DTYPES", "LOSS_SCALE",
+           "DEFAULT_HARDWARE"]
 
