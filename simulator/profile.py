@@ -10,8 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from functools import cached_property
 import sys
+import threading
+from contextlib import contextmanager
+from functools import cached_property
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
@@ -109,10 +111,6 @@ class Profile:
     tensor_by_id: dict[str, Tensor] = field(init=False, repr=False, compare=False)
     op_index: dict[str, int] = field(init=False, repr=False, compare=False)
     producer: dict[str, int | None] = field(init=False, repr=False, compare=False)
-    consumers: dict[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
-    updaters: dict[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
-    first_use: dict[str, int | None] = field(init=False, repr=False, compare=False)
-    last_use: dict[str, int | None] = field(init=False, repr=False, compare=False)
     resident_bytes: tuple[int, ...] = field(init=False, repr=False, compare=False)
     persistent_bytes: int = field(init=False, repr=False, compare=False)
     peak_bytes: int = field(init=False, compare=False)
@@ -125,6 +123,33 @@ class Profile:
         self.ops = tuple(self.ops)
         with no_gc():
             _derive(self)
+
+    # Built on first use from the lists _derive keeps (a loader that only validates a
+    # million-op profile need not build four more million-entry dicts).
+    @cached_property
+    def consumers(self) -> dict[str, tuple[int, ...]]:
+        """Tensor id -> the ops that list it in inputs, in order."""
+        ids, read = self._uses[0], self._uses[1]
+        return dict(zip(ids, [() if users is None else tuple(users) for users in read]))
+
+    @cached_property
+    def updaters(self) -> dict[str, tuple[int, ...]]:
+        """Tensor id -> the ops that list it in updates, in order."""
+        ids, written = self._uses[0], self._uses[2]
+        found: dict[str, tuple[int, ...]] = dict.fromkeys(ids, ())
+        for k, users in written.items():
+            found[ids[k]] = tuple(users)
+        return found
+
+    @cached_property
+    def first_use(self) -> dict[str, int | None]:
+        """Tensor id -> the first op that reads or updates it (None: none does)."""
+        return dict(zip(self._uses[0], self._uses[3]))
+
+    @cached_property
+    def last_use(self) -> dict[str, int | None]:
+        """Tensor id -> the last op that reads or updates it (None: none does)."""
+        return dict(zip(self._uses[0], self._uses[4]))
 
     @cached_property
     def sha256(self) -> str:
@@ -162,7 +187,8 @@ def _derive(profile: Profile) -> None:
     problem.
     """
     file = profile.origin
-    _check_limits(profile)
+    if not getattr(_LOADER, "checked", False):
+        _check_limits(profile)
     tensors, ops = profile.tensors, profile.ops
     ids = [t.id for t in tensors]
     index = dict(zip(ids, range(len(ids))))
@@ -179,11 +205,19 @@ def _derive(profile: Profile) -> None:
     written: dict[int, list[int]] = {}                      # ops listing it in updates, in order
     locate = index.get
 
-    op_index: dict[str, int] = {}
+    op_ids = [op.id for op in ops]
+    op_index: dict[str, int] = dict(zip(op_ids, range(len(op_ids))))
+    duplicate_at = len(ops)   # the first op whose id an earlier op has (checked in order below)
+    if len(op_index) != len(op_ids):
+        seen_ops: set[str] = set()
+        for i, oid in enumerate(op_ids):
+            if oid in seen_ops:
+                duplicate_at = i
+                break
+            seen_ops.add(oid)
     for i, op in enumerate(ops):
-        if op.id in op_index:
+        if i == duplicate_at:
             raise InputError(file, f"ops[{i}].id", f"duplicate op id {op.id!r}")
-        op_index[op.id] = i
         ok = True
         for tid in op.inputs:
             k = locate(tid)
@@ -227,17 +261,12 @@ def _derive(profile: Profile) -> None:
         first[k] = users[0] if first[k] is None else min(first[k], users[0])
         last[k] = users[-1] if last[k] is None else max(last[k], users[-1])
 
-    updaters: list[tuple[int, ...]] = [()] * n
-    for k, users in written.items():
-        updaters[k] = tuple(users)
     profile.tensor_by_id = dict(zip(ids, tensors))
     profile.op_index = op_index
     profile.producer = dict(zip(ids, made))
-    profile.consumers = dict(zip(ids, [() if users is None else tuple(users) for users in read]))
-    profile.updaters = dict(zip(ids, updaters))
-    profile.first_use = dict(zip(ids, first))
-    profile.last_use = dict(zip(ids, last))
-    profile.ideal_ps = sum(map(us_to_ps, [op.time_us for op in ops]))  # R3: the rounded op times
+    profile._uses = (ids, read, written, first, last)   # for consumers, updaters, first_use, last_use
+    floor = math.floor   # R3: the rounded op times, us_to_ps inlined (a million calls)
+    profile.ideal_ps = sum(map(floor, [op.time_us * 1e6 + 0.5 for op in ops]))
     profile.ideal_us = profile.ideal_ps / 10**6
     _derive_peak(profile, made, last)
 
@@ -288,6 +317,19 @@ def _op_problem(profile: Profile, i: int, tensor_by_id: dict, made: dict) -> Inp
     return InputError(file, where, "inconsistent op")  # not reached: the caller saw a problem
 
 
+_LOADER = threading.local()   # .checked: the loader builds a Profile from entries it checked itself
+
+
+@contextmanager
+def _limits_checked():
+    """R23 was checked entry by entry as the file was read: _derive need not check again."""
+    _LOADER.checked = True
+    try:
+        yield
+    finally:
+        _LOADER.checked = False
+
+
 def _check_limits(profile: Profile) -> None:
     """R23: sizes below 2^53 bytes, op times below 10^9 us, at most 10^7 ops and tensors
     (for profiles built in memory too, not only those read from files)."""
@@ -296,19 +338,29 @@ def _check_limits(profile: Profile) -> None:
         if len(items) > MAX_COUNT:
             raise InputError(file, key, f"{len(items)} entries; at most {MAX_COUNT} are supported (R23)")
     for i, tensor in enumerate(profile.tensors):
-        size = tensor.bytes
-        if (type(size) is not int and (isinstance(size, bool) or not isinstance(size, int))) \
-                or not 0 <= size < MAX_BYTES:
-            raise InputError(file, f"tensors[{i}] ({tensor.id}).bytes",
-                             f"must be a whole number from 0 to 2^53 - 1, got {size!r} (R23)")
+        _check_tensor_limits(tensor, i, file)
     for i, op in enumerate(profile.ops):
-        time_us, ws = op.time_us, op.workspace_bytes
-        if not ((type(time_us) is float or isinstance(time_us, (int, float))) and 0 <= time_us < MAX_US):
-            raise InputError(file, f"ops[{i}] ({op.id}).time_us",
-                             f"must be a number from 0 to below 10^9 us, got {time_us!r} (R23)")
-        if (type(ws) is not int and (isinstance(ws, bool) or not isinstance(ws, int))) or not 0 <= ws < MAX_BYTES:
-            raise InputError(file, f"ops[{i}] ({op.id}).workspace_bytes",
-                             f"must be a whole number from 0 to 2^53 - 1, got {ws!r} (R23)")
+        _check_op_limits(op, i, file)
+
+
+def _check_tensor_limits(tensor: Tensor, i: int, file: str) -> Tensor:
+    size = tensor.bytes
+    if (type(size) is not int and (isinstance(size, bool) or not isinstance(size, int))) \
+            or not 0 <= size < MAX_BYTES:
+        raise InputError(file, f"tensors[{i}] ({tensor.id}).bytes",
+                         f"must be a whole number from 0 to 2^53 - 1, got {size!r} (R23)")
+    return tensor
+
+
+def _check_op_limits(op: Op, i: int, file: str) -> Op:
+    time_us, ws = op.time_us, op.workspace_bytes
+    if not ((type(time_us) is float or isinstance(time_us, (int, float))) and 0 <= time_us < MAX_US):
+        raise InputError(file, f"ops[{i}] ({op.id}).time_us",
+                         f"must be a number from 0 to below 10^9 us, got {time_us!r} (R23)")
+    if (type(ws) is not int and (isinstance(ws, bool) or not isinstance(ws, int))) or not 0 <= ws < MAX_BYTES:
+        raise InputError(file, f"ops[{i}] ({op.id}).workspace_bytes",
+                         f"must be a whole number from 0 to 2^53 - 1, got {ws!r} (R23)")
+    return op
 
 
 def _producers_by_id(profile: Profile) -> dict[str, str]:
@@ -493,10 +545,11 @@ def _profile_from_document(data, file: str, consume: bool) -> Profile:
     for key, items in (("tensors", raw_tensors), ("ops", raw_ops)):  # R23, before any work
         if len(items) > MAX_COUNT:
             raise InputError(file, key, f"{len(items)} entries; at most {MAX_COUNT} are supported (R23)")
-    with no_gc():
+    with no_gc(freeze=consume):
         tensors = _tensors_from_list(raw_tensors, file, consume)
         ops = _ops_from_list(raw_ops, file, consume)
-        return Profile(name=name, tensors=tuple(tensors), ops=tuple(ops), source=source, origin=file)
+        with _limits_checked():
+            return Profile(name=name, tensors=tuple(tensors), ops=tuple(ops), source=source, origin=file)
 
 
 _FLOAT_MAX = sys.float_info.max
@@ -518,7 +571,7 @@ def _tensors_from_list(raw: list, file: str, consume: bool) -> list[Tensor]:
         if type(item) is dict and item.keys() <= _TENSOR_KEYS:
             tid, size, kind = item.get("id"), item.get("bytes"), item.get("kind")
             name, shape, dtype = item.get("name"), item.get("shape"), item.get("dtype")
-            if (type(tid) is str and tid and type(size) is int and size >= 0
+            if (type(tid) is str and tid and type(size) is int and 0 <= size < MAX_BYTES
                     and type(kind) is str and kind in _KIND_SET
                     and (name is None or (type(name) is str and name))
                     and (dtype is None or (type(dtype) is str and dtype))):
@@ -530,7 +583,7 @@ def _tensors_from_list(raw: list, file: str, consume: bool) -> list[Tensor]:
                             break
                     else:
                         tensor = Tensor(tid, size, kind, name, tuple(shape), dtype)
-        append(tensor if tensor is not None else _tensor_from_dict(item, file, i))
+        append(tensor if tensor is not None else _check_tensor_limits(_tensor_from_dict(item, file, i), i, file))
         if consume:
             raw[i] = None
     return out
@@ -551,14 +604,14 @@ def _ops_from_list(raw: list, file: str, consume: bool) -> list[Op]:
             flops, module = item.get("flops"), item.get("module")
             if (type(oid) is str and oid and type(name) is str and name and type(phase) is str and phase in _PHASE_SET
                     and (type(time_us) is float or type(time_us) is int) and 0 <= time_us < MAX_US
-                    and type(ws) is int and ws >= 0
+                    and type(ws) is int and 0 <= ws < MAX_BYTES
                     and (flops is None or ((type(flops) is float or type(flops) is int) and 0 <= flops < inf
                                            and (type(flops) is float or flops <= _FLOAT_MAX)))
                     and (module is None or (type(module) is str and module))
                     and is_id_list(inputs) and is_id_list(outputs) and (updates is _NO_IDS or is_id_list(updates))):
                 op = Op(oid, name, phase, float(time_us), tuple(inputs), tuple(outputs), tuple(updates),
                         ws, None if flops is None else float(flops), module)
-        append(op if op is not None else _op_from_dict(item, file, i))
+        append(op if op is not None else _check_op_limits(_op_from_dict(item, file, i), i, file))
         if consume:
             raw[i] = None
     return out
