@@ -23,6 +23,11 @@ from typing import Any
 
 import yaml
 
+try:   # a faster parser for large files; the standard json module words the errors
+    import orjson
+except ImportError:  # pragma: no cover
+    orjson = None
+
 from .errors import InputError
 
 # The largest file read, before and after gunzip, unless SWAPPLAN_MAX_INPUT_BYTES says
@@ -180,6 +185,11 @@ def no_gc(freeze: bool = False):
 
 
 def _load_json(text: str, name: str) -> Any:
+    if orjson is not None:
+        try:
+            return orjson.loads(text)   # about three times faster on a large profile
+        except orjson.JSONDecodeError:
+            pass   # the standard parser words the error (and reads what orjson refuses: ints past 64 bits)
     try:
         return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
