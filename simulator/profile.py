@@ -37,6 +37,53 @@ _TENSOR_FIELDS = {"id", "bytes", "kind", "name", "shape", "dtype"}
 _OP_FIELDS = {"id", "name", "phase", "time_us", "inputs", "outputs", "updates",
               "workspace_bytes", "flops", "module"}
 _TOP_FIELDS = {"format", "name", "source", "tensors", "ops"}
+# Optional node identity for a runtime (``fx``, docs/runtime.md): accepted by the
+# field-by-field readers only, so the fast paths above stay as they are.
+_FX_FIELD = "fx"
+FX_REWRITES = ("inplace_accumulate", "foreach_split")
+INPUT_ROLES = ("parameter", "buffer", "optimizer_state", "batch", "target")
+
+
+@dataclass(frozen=True, slots=True)
+class OpNode:
+    """Where a runtime finds an op in the traced FX graph: the graph nodes it runs, in
+    order, with their ATen overloads; ``slot``: the list element of a ``_foreach_*``
+    kernel it runs (the tracer's per-parameter split); ``rewrite``: how the op differs
+    from its nodes (``inplace_accumulate``: an out-of-place ``add`` run in place into
+    its first argument; ``foreach_split``); ``random``: it draws from the RNG."""
+    nodes: tuple[str, ...]
+    overloads: tuple[str, ...]
+    slot: int | None = None
+    rewrite: str | None = None
+    random: bool = False
+
+    def to_dict(self) -> dict:
+        data = {"nodes": list(self.nodes), "overloads": list(self.overloads)}
+        if self.slot is not None:
+            data["slot"] = self.slot
+        if self.rewrite is not None:
+            data["rewrite"] = self.rewrite
+        if self.random:
+            data["random"] = True
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class TensorNode:
+    """Where a runtime finds a tensor's storage in the traced FX graph: ``node`` and the
+    position of the tensor among that node's tensor outputs (``output``, flattened in
+    order), or, for a graph input, the placeholder and its ``role`` (INPUT_ROLES)."""
+    node: str
+    output: int | None = None
+    role: str | None = None
+
+    def to_dict(self) -> dict:
+        data: dict = {"node": self.node}
+        if self.output is not None:
+            data["output"] = self.output
+        if self.role is not None:
+            data["role"] = self.role
+        return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +95,7 @@ class Tensor:
     name: str | None = None
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
+    fx: TensorNode | None = None
 
     @property
     def persistent(self) -> bool:
@@ -62,6 +110,8 @@ class Tensor:
             data["shape"] = list(self.shape)
         if self.dtype is not None:
             data["dtype"] = self.dtype
+        if self.fx is not None:
+            data["fx"] = self.fx.to_dict()
         return data
 
 
@@ -78,6 +128,7 @@ class Op:
     workspace_bytes: int = 0
     flops: float | None = None
     module: str | None = None
+    fx: OpNode | None = None
 
     def to_dict(self) -> dict:
         data = {"id": self.id, "name": self.name, "phase": self.phase,
@@ -91,6 +142,8 @@ class Op:
             data["flops"] = float(self.flops)
         if self.module is not None:
             data["module"] = self.module
+        if self.fx is not None:
+            data["fx"] = self.fx.to_dict()
         return data
 
 
@@ -621,7 +674,7 @@ def _tensor_from_dict(item, file: str, i: int) -> Tensor:
     r = Reader(item, file, f"tensors[{i}]")
     tid = r.string("id")
     r.where = f"tensors[{i}] ({tid})"
-    r.reject_unknown(_TENSOR_FIELDS)
+    r.reject_unknown(_TENSOR_FIELDS | {_FX_FIELD})
     shape = r.get("shape", None)
     if shape is not None:
         if not isinstance(shape, list) or any(
@@ -630,14 +683,14 @@ def _tensor_from_dict(item, file: str, i: int) -> Tensor:
         shape = tuple(shape)
     return Tensor(id=tid, bytes=r.integer("bytes"), kind=r.string("kind", choices=TENSOR_KINDS),
                   name=r.string("name", default=None), shape=shape,
-                  dtype=r.string("dtype", default=None))
+                  dtype=r.string("dtype", default=None), fx=_tensor_node(r))
 
 
 def _op_from_dict(item, file: str, i: int) -> Op:
     r = Reader(item, file, f"ops[{i}]")
     oid = r.string("id")
     r.where = f"ops[{i}] ({oid})"
-    r.reject_unknown(_OP_FIELDS)
+    r.reject_unknown(_OP_FIELDS | {_FX_FIELD})
     flops = r.get("flops", None)
     return Op(
         id=oid,
@@ -650,7 +703,39 @@ def _op_from_dict(item, file: str, i: int) -> Op:
         workspace_bytes=r.integer("workspace_bytes", default=0),
         flops=None if flops is None else r.number("flops"),
         module=r.string("module", default=None),
+        fx=_op_node(r),
     )
+
+
+def _tensor_node(r: Reader) -> TensorNode | None:
+    """The optional ``fx`` of a tensor entry (TensorNode)."""
+    if _FX_FIELD not in r.data:
+        return None
+    fx = r.mapping(_FX_FIELD)
+    fx.reject_unknown({"node", "output", "role"})
+    output = fx.get("output", None)
+    if output is not None:
+        output = fx.integer("output")
+    return TensorNode(fx.string("node"), output, fx.string("role", default=None, choices=INPUT_ROLES))
+
+
+def _op_node(r: Reader) -> OpNode | None:
+    """The optional ``fx`` of an op entry (OpNode)."""
+    if _FX_FIELD not in r.data:
+        return None
+    fx = r.mapping(_FX_FIELD)
+    fx.reject_unknown({"nodes", "overloads", "slot", "rewrite", "random"})
+    nodes, overloads = fx.string_list("nodes"), fx.string_list("overloads")
+    if not nodes or len(nodes) != len(overloads):
+        raise fx.error("overloads", f"expected one overload per node ({len(nodes)} nodes), got {len(overloads)}")
+    slot = fx.get("slot", None)
+    if slot is not None:
+        slot = fx.integer("slot")
+    random = fx.get("random", False)
+    if not isinstance(random, bool):
+        raise fx.error("random", f"expected true or false, got {random!r}")
+    return OpNode(tuple(nodes), tuple(overloads), slot, fx.string("rewrite", default=None, choices=FX_REWRITES),
+                  random)
 
 
 def _check_plain_json(value, file: str, where: str, depth: int = 0) -> None:

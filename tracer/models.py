@@ -390,7 +390,7 @@ def _size(value, field_name: str, default: int) -> int:
     return value
 
 
-def _registered(entry: ModelEntry, batch, seq) -> Workload:
+def _registered(entry: ModelEntry, batch, seq, device: str = "meta") -> Workload:
     batch = _size(batch, "batch", entry.batch)
     seq = _size(seq, "seq", entry.seq)
     what = "image side" if entry.kind == "vision" else "sequence length"
@@ -404,7 +404,7 @@ def _registered(entry: ModelEntry, batch, seq) -> Workload:
         raise InputError("<argument>", "seq",
                          f"{entry.name} needs a {what} that is a multiple of {entry.seq_multiple}, "
                          f"got {seq}")
-    with torch.device("meta"):
+    with torch.device(device):
         module = entry.build(seq)
     module.train()
     if entry.kind == "vision":
@@ -449,7 +449,7 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def _user(spec: str, batch, seq) -> Workload:
+def _user(spec: str, batch, seq, device: str = "meta") -> Workload:
     fn = _load_callable(spec)
     try:
         params = inspect.signature(fn).parameters
@@ -506,7 +506,7 @@ def _user(spec: str, batch, seq) -> Workload:
                              f"{spec}: {key!r} is a {type(tensor).__name__}, not a tensor")
         dtype = None if tensor.is_floating_point() else tensor.dtype
         inputs[key] = BatchTensor(tuple(tensor.shape), dtype, None)
-    if any(t.device.type != "meta" for t in (*module.parameters(), *module.buffers())):
+    if device == "meta" and any(t.device.type != "meta" for t in (*module.parameters(), *module.buffers())):
         module = module.to("meta")
     module.train()
 
@@ -744,8 +744,13 @@ def shipped_configs() -> list[Path]:
 # ----------------------------------------------------------------------------- entry point
 
 
-def build(model: str, *, batch: int | None = None, seq: int | None = None) -> Workload:
+def build(model: str, *, batch: int | None = None, seq: int | None = None,
+          device: str = "meta") -> Workload:
     """The :class:`Workload` of a registered name or a ``module:callable`` string.
+
+    ``device``: where a registered model is built ("meta", the default: no memory; "cpu"
+    for a real run, initialised as the model's own code does). A user model is moved to
+    the meta device when ``device`` is "meta", else left where its callable builds it.
 
     Raises InputError("<argument>", field, problem) for an unknown name, a bad
     ``module:callable`` or bad sizes.
@@ -754,11 +759,11 @@ def build(model: str, *, batch: int | None = None, seq: int | None = None) -> Wo
         raise InputError("<argument>", "model", f"expected a model name, got {model!r}")
     entry = REGISTRY.get(model)
     if entry is not None:
-        return _registered(entry, batch, seq)
+        return _registered(entry, batch, seq, device)
     if ":" not in model:
         raise InputError("<argument>", "model",
                          f"unknown model {model!r} (use {', '.join(MODELS)}, or module:callable)")
-    return _user(model, batch, seq)
+    return _user(model, batch, seq, device)
 
 
 def defaults(model: str) -> tuple[int, int]:

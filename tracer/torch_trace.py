@@ -83,7 +83,8 @@ From the graph to the profile
   last kernel reading the gradients, which are then freed: its peak is persistent +
   max(all gradients, all temporaries) = persistent + all gradients, exactly what the
   per-parameter ops hold at the first optimizer op (every gradient is live there).
-  So the temporary is folded away and adds no workspace.
+  So the temporary is folded away and adds no workspace (with ``runtime=True`` it is
+  each op's workspace: a runtime stepping parameter by parameter holds one at a time).
 - ``flops`` from ``torch.utils.flop_counter``'s registry (matmul, convolution,
   attention; 0 for every other op, whose time is memory-bound anyway); ``time_us``
   from :func:`tracer.roofline.kernel_time_us` with the dtype's peak, where the bytes
@@ -95,6 +96,17 @@ From the graph to the profile
   sequence number into the graph, as AOTAutograd does); gradient accumulations the
   module of the backward op before them; optimizer ops the module owning the
   parameter. The root module is ``model``; a loss computed outside it is ``loss``.
+
+Node identity for a runtime (``runtime=True``)
+---------------------------------------------
+Every op and tensor also gets ``fx`` (simulator.profile.OpNode / TensorNode;
+docs/runtime.md): an op's graph node names and ATen overloads (several for a merged
+optimizer op, with the foreach ``slot`` it runs), its ``rewrite`` (``inplace_accumulate``
+for an accumulation made in place above, ``foreach_split``) and whether it is ``random``
+(tagged ``nondeterministic_seeded``); a tensor's node and position among that node's
+tensor outputs (an allocation-only node for a storage a later kernel fills), or for a
+graph input its placeholder and role (parameter, buffer, optimizer_state, batch,
+target). ``source`` gets ``fx: 1``. Without it nothing changes.
 
 Mixed precision (``amp="fp16"`` / ``"bf16"``)
 ---------------------------------------------
@@ -134,7 +146,7 @@ from typing import Any
 
 from simulator.errors import InputError
 from simulator.hardware import Hardware, load_hardware
-from simulator.profile import Op, Profile, Tensor
+from simulator.profile import Op, OpNode, Profile, Tensor, TensorNode
 from tracer.roofline import DTYPE_BYTES, kernel_time_us, peak_tflops
 
 DEFAULT_HARDWARE = "a100-40gb-pcie4"
@@ -146,6 +158,7 @@ ADAMW = {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 
 SGD = {"lr": 1e-2, "momentum": 0.9, "dampening": 0.0}
 ROOT_MODULE = "model"
 LOSS_MODULE = "loss"
+FX_VERSION = 1  # source["fx"] of profiles traced with runtime=True (docs/runtime.md)
 _STEP = 1  # the optimizer step whose bias corrections are used (a Python number)
 # fp16 mixed precision: the static loss scale (torch.amp.GradScaler's initial scale); the
 # backward starts from loss x LOSS_SCALE and each parameter's step unscales its gradient.
@@ -561,6 +574,9 @@ class _T:
     dtype: str
     pending: bool = False     # allocated by an allocation-only op, not yet produced
     dropped: bool = False     # folded away (optimizer temporary, in-place accumulation)
+    node: str | None = None   # the graph node whose output (``output``) is the storage
+    output: int | None = None
+    role: str | None = None   # graph inputs: parameter, buffer, optimizer_state, batch, target
 
 
 @dataclass
@@ -580,6 +596,10 @@ class _RawOp:
     time_us: float | None = None
     dense: tuple = ()          # accumulations: which inputs are whole, contiguous storages
     workspace: int = 0         # bytes of internal temporaries (merged optimizer ops)
+    nodes: list = field(default_factory=list)      # graph node names it runs, in order
+    overloads: list = field(default_factory=list)  # their ATen overloads
+    rewrite: str | None = None  # see simulator.profile.OpNode
+    random: bool = False        # draws from the RNG
 
 
 @dataclass
@@ -591,12 +611,14 @@ class _Lowering:
     by_storage: dict = field(default_factory=dict)
     ops: list = field(default_factory=list)
 
-    def new_tensor(self, storage, val, kind: str, name: str, pending: bool = False) -> _T | None:
+    def new_tensor(self, storage, val, kind: str, name: str, pending: bool = False,
+                   node=None, output: int | None = None, role: str | None = None) -> _T | None:
         nbytes = int(storage.nbytes())
         if nbytes == 0:
             return None
         t = _T(len(self.tensors), nbytes, kind, name, _storage_shape(val, nbytes),
-               _dtype_name(val.dtype), pending)
+               _dtype_name(val.dtype), pending, node=None if node is None else node.name,
+               output=output, role=role)
         self.tensors.append(t)
         self.by_storage[storage._cdata] = t
         return t
@@ -689,6 +711,18 @@ def _op_name(target) -> str:
     return f"{target.namespace}::{packet.__name__}"
 
 
+def _qualified(target) -> str:
+    """``namespace::packet.overload`` (e.g. ``aten::add.Tensor``): exactly which kernel."""
+    return f"{target.namespace}::{_overload_name(target)}"
+
+
+def _is_random(target) -> bool:
+    """An op that draws from the RNG (tagged ``nondeterministic_seeded``: dropout,
+    bernoulli, rand*, the attention kernels with dropout)."""
+    import torch
+    return torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
+
+
 @dataclass
 class _Walk:
     """What the walk over the graph carries from one node to the next."""
@@ -708,9 +742,12 @@ class _OpValues:
     written: list
 
 
-def lower(cap: Capture, hw: Hardware, dtype: str, optimizer: str) -> tuple[list, list]:
+def lower(cap: Capture, hw: Hardware, dtype: str, optimizer: str,
+          runtime: bool = False) -> tuple[list, list]:
     """Walk the graph in order and build the profile's tensors and ops (kernel times use
-    the peak of ``dtype``, or of the amp dtype under amp)."""
+    the peak of ``dtype``, or of the amp dtype under amp). ``runtime``: add the node
+    identity (``fx``) to every op and tensor, and count the per-parameter optimizer
+    temporaries as workspace (see :func:`trace`)."""
     import torch
     gm = cap.graph_module
     low = _Lowering(hw, cap.step.amp or dtype)
@@ -726,7 +763,7 @@ def lower(cap: Capture, hw: Hardware, dtype: str, optimizer: str) -> tuple[list,
         elif role == "op":
             _lower_op(low, walk, node)
     _accumulate_in_place(low)
-    return _finish(low, cap.step, optimizer)
+    return _finish(low, cap.step, optimizer, runtime)
 
 
 def _graph_input_roles(step: TrainStep, optimizer: str) -> list[tuple[str, str]]:
@@ -738,15 +775,25 @@ def _graph_input_roles(step: TrainStep, optimizer: str) -> list[tuple[str, str]]
             + [("input", f"batch.{n}") for n in step.input_names])
 
 
+def input_roles(step: TrainStep) -> list[str]:
+    """The role of every graph input (simulator.profile.INPUT_ROLES), in order: a batch
+    tensor that only the loss reads (``labels``, a user model's ``target<i>``) is a
+    ``target``."""
+    states = len(state_names(step.optimizer, step.amp))
+    return (["parameter"] * len(step.param_names) + ["buffer"] * len(step.buffer_names)
+            + ["optimizer_state"] * (states * len(step.param_names))
+            + ["target" if n == "labels" or n.startswith("target") else "batch" for n in step.input_names])
+
+
 def _add_graph_inputs(low: _Lowering, gm, step: TrainStep, optimizer: str) -> None:
     """Register the placeholders' storages first, so that ops find them by their role."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     roles = _graph_input_roles(step, optimizer)
     if len(roles) != len(placeholders):
         raise RuntimeError(f"expected {len(roles)} graph inputs, found {len(placeholders)}")
-    for (kind, name), node in zip(roles, placeholders):
+    for (kind, name), role, node in zip(roles, input_roles(step), placeholders):
         val = node.meta["val"]
-        low.new_tensor(val.untyped_storage(), val, kind, name)
+        low.new_tensor(val.untyped_storage(), val, kind, name, node=node, role=role)
 
 
 def _node_role(node, record_enter) -> str | None:
@@ -806,10 +853,10 @@ def _lower_op(low: _Lowering, walk: _Walk, node) -> None:
     kwargs = _values(node.kwargs)
     out = node.meta.get("val")
     if _overload_name(target) in _ALLOC_ONLY:
-        _reserve_allocations(low, _tensors_in(out, []), walk.phase)
+        _reserve_allocations(low, _tensors_in(out, []), walk.phase, node)
     elif target.overloadpacket.__name__.startswith("_foreach_") and walk.phase == "optimizer":
         walk.kernel_count += 1
-        _lower_foreach(low, target, args, kwargs, out, walk.phase, walk.kernel_count)
+        _lower_foreach(low, node, args, kwargs, out, walk.phase, walk.kernel_count)
     else:
         before = len(low.ops)
         _lower_kernel(low, walk, node, module, args, kwargs, out)
@@ -819,12 +866,12 @@ def _lower_op(low: _Lowering, walk: _Walk, node) -> None:
                 raw.slot, raw.part = custom["optim_slot"], custom["optim_part"]
 
 
-def _reserve_allocations(low: _Lowering, out_vals: list, phase: str) -> None:
+def _reserve_allocations(low: _Lowering, out_vals: list, phase: str, node) -> None:
     """Register an allocation-only op's storages as pending, for the first kernel to touch."""
-    for val in out_vals:
+    for k, val in enumerate(out_vals):
         storage = val.untyped_storage()
         if storage._cdata not in low.by_storage:
-            low.new_tensor(storage, val, _kind_for(phase), "", pending=True)
+            low.new_tensor(storage, val, _kind_for(phase), "", pending=True, node=node, output=k)
 
 
 def _lower_kernel(low: _Lowering, walk: _Walk, node, module: str, args, kwargs, out) -> None:
@@ -834,7 +881,7 @@ def _lower_kernel(low: _Lowering, walk: _Walk, node, module: str, args, kwargs, 
     stem = f"{module}.{target.overloadpacket.__name__}"
     vals = _OpValues(_tensors_in((args, kwargs), []), _tensors_in(out, []),
                      _written_args(target, args, kwargs))
-    new_outputs = _new_outputs(low, vals.outs, walk.ignored, kind, stem)
+    new_outputs = _new_outputs(low, vals.outs, walk.ignored, kind, stem, node)
     written = _tracked(low, vals.written, walk.ignored)
     if not new_outputs and not written:
         return  # a view or alias: no kernel
@@ -844,7 +891,8 @@ def _lower_kernel(low: _Lowering, walk: _Walk, node, module: str, args, kwargs, 
     overload = _overload_name(target)
     raw = _RawOp(_op_name(target), walk.phase, module, inputs, outputs, updates,
                  _flops(target, args, kwargs, out),
-                 _bytes_moved(low, overload, vals, outputs, new_outputs))
+                 _bytes_moved(low, overload, vals, outputs, new_outputs),
+                 nodes=[node.name], overloads=[_qualified(target)], random=_is_random(target))
     if _is_accumulation(node, walk.phase, overload, raw, vals):
         raw.dense = tuple(_whole(v, a, walk.kernel_nodes) for v, a in zip(vals.ins, node.args))
     low.ops.append(raw)
@@ -853,7 +901,7 @@ def _lower_kernel(low: _Lowering, walk: _Walk, node, module: str, args, kwargs, 
         walk.last_backward_module = module
 
 
-def _new_outputs(low: _Lowering, out_vals: list, ignored: set, kind: str, stem: str) -> list:
+def _new_outputs(low: _Lowering, out_vals: list, ignored: set, kind: str, stem: str, node) -> list:
     """New tensors for the storages an op returns that nothing made before (``stem[.k]``)."""
     new = []
     for k, val in enumerate(out_vals):
@@ -861,7 +909,7 @@ def _new_outputs(low: _Lowering, out_vals: list, ignored: set, kind: str, stem: 
         if storage._cdata in ignored or storage._cdata in low.by_storage:
             continue
         suffix = f".{k}" if len(out_vals) > 1 else ""
-        t = low.new_tensor(storage, val, kind, f"{stem}{suffix}")
+        t = low.new_tensor(storage, val, kind, f"{stem}{suffix}", node=node, output=k)
         if t is not None:
             new.append(t)
     return new
@@ -960,6 +1008,7 @@ def _accumulate_in_place(low: _Lowering) -> None:
             continue
         op.name, op.updates, op.outputs = "aten::add_", [target], []
         op.inputs = [t for t in op.inputs if t.index != target.index]
+        op.rewrite = "inplace_accumulate"
         alias[out.index] = target
         out.dropped = True
 
@@ -979,10 +1028,11 @@ def _dedup(items) -> list:
     return out
 
 
-def _lower_foreach(low: _Lowering, target, args, kwargs, out, phase: str,
+def _lower_foreach(low: _Lowering, node, args, kwargs, out, phase: str,
                    kernel: int) -> None:
     """Split one ``_foreach_*`` kernel into per-element slices (merged per parameter later)."""
     import torch
+    target = node.target
     lists = [a for a in list(args) + list(kwargs.values())
              if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor)]
     n = len(lists[0])
@@ -997,7 +1047,7 @@ def _lower_foreach(low: _Lowering, target, args, kwargs, out, phase: str,
             storage = val.untyped_storage()
             if storage._cdata not in low.by_storage:
                 t = low.new_tensor(storage, val, "other",
-                                   f"optimizer.{target.overloadpacket.__name__}.{i}")
+                                   f"optimizer.{target.overloadpacket.__name__}.{i}", node=node, output=i)
                 if t is not None:
                     new.append(t)
         written = _dedup(low.lookup(v) for v in reads if id(v) in written_ids)
@@ -1008,7 +1058,8 @@ def _lower_foreach(low: _Lowering, target, args, kwargs, out, phase: str,
         moved += sum(_distinct_bytes(v) for v in reads if id(v) in written_ids)
         moved += sum(t.bytes for t in new)
         slices.append(_RawOp(_op_name(target), phase, "", inputs, new, written, 0.0, moved,
-                             slot=i, kernel=kernel))
+                             slot=i, kernel=kernel, nodes=[node.name], overloads=[_qualified(target)],
+                             random=_is_random(target)))
     total = sum(s.bytes_moved for s in slices)
     time = kernel_time_us(low.hw, 0.0, total, low.dtype)
     for s in slices:
@@ -1019,8 +1070,9 @@ def _lower_foreach(low: _Lowering, target, args, kwargs, out, phase: str,
 _OPTIM_PARTS = ("step", "cast_master", "copy_param")
 
 
-def _finish(low: _Lowering, step: TrainStep, optimizer: str) -> tuple[list, list]:
-    """Merge optimizer slices per parameter (and part), time the ops, number tensors and ops."""
+def _finish(low: _Lowering, step: TrainStep, optimizer: str, runtime: bool = False) -> tuple[list, list]:
+    """Merge optimizer slices per parameter (and part), time the ops, number tensors and ops
+    (with ``runtime``: their node identity, see :func:`trace`)."""
     main = [op for op in low.ops if op.slot is None]
     by_part: dict[tuple[int, str], list] = {}
     for op in low.ops:
@@ -1031,7 +1083,7 @@ def _finish(low: _Lowering, step: TrainStep, optimizer: str) -> tuple[list, list
         for part in _OPTIM_PARTS:
             group = by_part.get((i, part))
             if group:
-                merged.append(_merge_part(low, group, part, pname, optimizer))
+                merged.append(_merge_part(low, group, part, pname, optimizer, runtime))
 
     ids = {}
     tensors = []
@@ -1040,15 +1092,23 @@ def _finish(low: _Lowering, step: TrainStep, optimizer: str) -> tuple[list, list
             continue
         ids[t.index] = f"t{len(tensors)}"
         tensors.append(Tensor(id=ids[t.index], bytes=t.bytes, kind=t.kind, name=t.name or None,
-                              shape=t.shape, dtype=t.dtype))
+                              shape=t.shape, dtype=t.dtype,
+                              fx=TensorNode(t.node, t.output, t.role) if runtime else None))
     ops = []
     for raw in main + merged:
         ops.append(Op(id=f"o{len(ops)}", name=raw.name, phase=raw.phase, time_us=_time(low, raw),
                       inputs=tuple(ids[t.index] for t in raw.inputs if t.index in ids),
                       outputs=tuple(ids[t.index] for t in raw.outputs if t.index in ids),
                       updates=tuple(ids[t.index] for t in raw.updates if t.index in ids),
-                      workspace_bytes=raw.workspace, flops=float(raw.flops), module=raw.module))
+                      workspace_bytes=raw.workspace, flops=float(raw.flops), module=raw.module,
+                      fx=_op_node(raw) if runtime else None))
     return tensors, ops
+
+
+def _op_node(raw: _RawOp) -> OpNode:
+    """The node identity of a profile op (simulator.profile.OpNode)."""
+    return OpNode(tuple(raw.nodes), tuple(raw.overloads), raw.slot if raw.kernel is not None else None,
+                  raw.rewrite, raw.random)
 
 
 def _time(low: _Lowering, raw: _RawOp) -> float:
@@ -1058,7 +1118,8 @@ def _time(low: _Lowering, raw: _RawOp) -> float:
     return kernel_time_us(low.hw, raw.flops, raw.bytes_moved, low.dtype)
 
 
-def _merge_part(low: _Lowering, group: list, part: str, pname: str, optimizer: str) -> _RawOp:
+def _merge_part(low: _Lowering, group: list, part: str, pname: str, optimizer: str,
+                runtime: bool = False) -> _RawOp:
     """One profile op for one part of one parameter's optimizer step.
 
     ``step`` (``optim::<optimizer>_foreach``): reads the gradient, updates the weight (or,
@@ -1068,6 +1129,10 @@ def _merge_part(low: _Lowering, group: list, part: str, pname: str, optimizer: s
     denominator) as workspace, at most what they hold at once. ``cast_master``
     (``optim::cast_master``) makes ``<param>.new``; ``copy_param`` (``optim::copy_param``)
     reads it and updates the weight.
+
+    ``runtime``: the foreach slices of one parameter are run as one per-parameter step
+    (``fx.rewrite`` ``foreach_split``), which holds that parameter's temporaries (AdamW's
+    ``sqrt(exp_avg_sq)``) while it runs: they become its workspace too.
     """
     produced = {t.index for op in group for t in op.outputs}
     inputs, updates, outputs = [], [], []
@@ -1088,14 +1153,18 @@ def _merge_part(low: _Lowering, group: list, part: str, pname: str, optimizer: s
     else:
         for t in outputs:
             t.dropped = True
-        if all(op.kernel is None for op in group):
+        if runtime or all(op.kernel is None for op in group):
             workspace = _temporaries_peak(group)
         outputs = []
     name = {"step": f"optim::{optimizer}_foreach", "cast_master": "optim::cast_master",
             "copy_param": "optim::copy_param"}[part]
     owner = pname.rpartition(".")[0] or ROOT_MODULE
+    foreach = group[0].kernel is not None
     op = _RawOp(name, "optimizer", owner, inputs, outputs, updates, 0.0,
-                sum(o.bytes_moved for o in group), workspace=workspace)
+                sum(o.bytes_moved for o in group), workspace=workspace,
+                slot=group[0].slot if foreach else None, kernel=group[0].kernel if foreach else None,
+                nodes=[n for o in group for n in o.nodes], overloads=[v for o in group for v in o.overloads],
+                rewrite="foreach_split" if foreach else None, random=any(o.random for o in group))
     op.time_us = round(sum(_time(low, o) for o in group), 3)
     return op
 
@@ -1123,7 +1192,8 @@ def _temporaries_peak(group: list) -> int:
 def trace(model: str | None = None, *, batch: int | None = None, seq: int | None = None,
           dtype: str = "fp32", optimizer: str = "adamw",
           hardware: str | Hardware = DEFAULT_HARDWARE, name: str | None = None,
-          gpu_kernels: bool = True, amp: str | None = None, hf_config=None) -> Profile:
+          gpu_kernels: bool = True, amp: str | None = None, hf_config=None,
+          runtime: bool = False) -> Profile:
     """Trace one training step of ``model`` into a Profile.
 
     Parameters
@@ -1149,6 +1219,13 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
         ``optim::copy_param``. Needs ``dtype="fp32"``; kernel times use its peak.
     hf_config : a local transformers config.json of a causal LM, instead of ``model``
         (:func:`tracer.models.from_hf_config`).
+    runtime : a profile for a runtime that follows plans (:mod:`runtime`,
+        docs/runtime.md): every op and tensor gets its node identity in the FX graph
+        (``fx``: nodes and ATen overloads, slot of a split foreach kernel, rewrites,
+        random ops; a tensor's producing node and output, or its input role), the
+        per-parameter optimizer temporaries (AdamW's ``sqrt(exp_avg_sq)``) count as
+        workspace, and ``source`` records ``fx`` (its version) and ``--runtime`` in the
+        command. Off by default: the shipped profiles have none of it.
 
     Raises
     ------
@@ -1175,9 +1252,9 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
             workload = models.from_hf_config(hf_config, batch=batch, seq=seq)
         cap = capture(workload, dtype=dtype, optimizer=optimizer, gpu_kernels=gpu_kernels,
                       amp=amp)
-        tensors, ops = lower(cap, hw, dtype, optimizer)
+        tensors, ops = lower(cap, hw, dtype, optimizer, runtime=runtime)
         source = _source(model, workload, dtype, optimizer, hw, gpu_kernels, torch.__version__,
-                         amp, label if hf_config is not None else None)
+                         amp, label if hf_config is not None else None, runtime)
         return Profile(name=name or _default_name(workload, dtype, optimizer, hw, gpu_kernels, amp),
                        tensors=tuple(tensors), ops=tuple(ops), source=source,
                        origin=f"<trace {label}>")
@@ -1245,7 +1322,7 @@ def _default_name(workload, dtype, optimizer, hw, gpu_kernels, amp=None) -> str:
 
 
 def _source(model, workload, dtype, optimizer, hw, gpu_kernels, torch_version, amp=None,
-            config=None) -> dict:
+            config=None, runtime=False) -> dict:
     """The profile's ``source``: the command that remakes it and the options (``amp`` and
     ``hf_config`` only when used, so that other profiles keep their bytes)."""
     what = model if config is None else f"--hf-config {config}"
@@ -1254,6 +1331,10 @@ def _source(model, workload, dtype, optimizer, hw, gpu_kernels, torch_version, a
         command += f" --seq {workload.seq}"
     command += f" --amp {amp}" if amp else f" --dtype {dtype}"
     command += f" --optimizer {optimizer} --hardware {hw.name}"
+    if not gpu_kernels and runtime:
+        command += " --cpu-kernels"
+    if runtime:
+        command += " --runtime"
     source = {"kind": "traced",
               "from": f"{command} (torch {torch_version}, make_fx on fake tensors, "
                       f"{'GPU' if gpu_kernels else 'CPU'} kernel choices)",
@@ -1266,10 +1347,12 @@ def _source(model, workload, dtype, optimizer, hw, gpu_kernels, torch_version, a
         source["master_weights"] = "fp32"
     if config is not None:
         source["hf_config"] = config
+    if runtime:
+        source["fx"] = FX_VERSION
     return source
 
 
-__all__ = ["trace", "capture", "lower", "TrainStep", "adamw_foreach", "sgd_foreach",
+__all__ = ["trace", "capture", "lower", "input_roles", "FX_VERSION", "TrainStep", "adamw_foreach", "sgd_foreach",
            "adamw_master", "sgd_master", "state_names", "OPTIMIZERS", "DTYPES", "AMP_DTYPES", "LOSS_SCALE",
            "DEFAULT_HARDWARE"]
 

@@ -1,0 +1,180 @@
+"""``train``: trace a model for the runtime, plan it (or take a plan), and run N steps
+with the plan and without it on the same seeded values; report whether they agree bit
+for bit and what the planned run held on the "GPU"."""
+from __future__ import annotations
+
+import contextlib
+import time
+
+from simulator.errors import InputError
+from simulator.hardware import Hardware, load_hardware
+from simulator.plan import Plan, check_plan, load_plan
+from simulator.units import parse_budget
+
+from .bindings import Values, bind, initial_values
+from .interpreter import PlanRefused, PlannedInterpreter, reference_step
+
+
+def train(model: str, *, planner: str | None = None, budget: str | int | None = None,
+          plan: str | Plan | None = None, steps: int = 1, batch: int | None = None, seq: int | None = None,
+          hardware: str | Hardware | None = None, dtype: str = "fp32", optimizer: str = "adamw",
+          gpu_kernels: bool = True, seed: int = 0, params: dict | None = None, threads: int = 1,
+          notes: list | None = None) -> dict:
+    """Trace ``model`` with node identity, plan it with ``planner`` within ``budget`` (a
+    size, bytes, or a percentage of the traced no-swap peak) or load ``plan`` (a path or
+    a Plan made for that profile), then run ``steps`` steps three ways on the same seeded
+    values: the graph called whole (the reference), the interpreter with no plan, and the
+    interpreter with the plan. Returns the report (docs/runtime.md).
+
+    The three runs use ``threads`` intra-op threads (default 1): a CPU kernel's result
+    depends on how many threads split its work, so bit-equality needs the same count in
+    every run, and one thread also keeps a loaded machine from stalling the kernels.
+
+    Raises InputError for bad arguments, a plan for another profile, or a model the
+    runtime cannot run; PlanRefused for a plan the simulator finds invalid or infeasible;
+    RuntimeFailure if the planned run breaks.
+    """
+    import torch
+
+    from planner.api import make_plan
+    from tracer.torch_trace import DEFAULT_HARDWARE, trace
+
+    if (plan is None) == (planner is None):
+        raise InputError("<argument>", "plan", "give a planner (with a budget) or a plan, not both")
+    if planner is not None and budget is None:
+        raise InputError("<argument>", "budget", f"planner {planner!r} needs a budget (8GiB, 60%)")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InputError("<argument>", "steps", f"must be a whole number >= 1, got {steps!r}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise InputError("<argument>", "threads", f"must be a whole number >= 1, got {threads!r}")
+    notes = notes if notes is not None else []
+    hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware or DEFAULT_HARDWARE)
+    started = time.perf_counter()
+    profile = trace(model, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer, hardware=hw,
+                    gpu_kernels=gpu_kernels, runtime=True)
+    bindings = bind(model, profile)
+    trace_s = time.perf_counter() - started
+
+    started = time.perf_counter()
+    if plan is None:
+        budget_bytes = budget if isinstance(budget, int) else parse_budget(budget, profile.peak_bytes)
+        if budget_bytes > hw.gpu.memory_bytes:
+            notes.append(f"budget: {budget} is more than the GPU's memory on {hw.name}: planning for the GPU's")
+            budget_bytes = hw.gpu.memory_bytes
+        the_plan = make_plan(profile, hw, budget_bytes, planner, params or {}, seed).plan
+    else:
+        the_plan = plan if isinstance(plan, Plan) else load_plan(plan)
+        if the_plan.profile_sha256 and the_plan.profile_sha256 != profile.sha256:
+            raise InputError(the_plan.origin, "profile.sha256",
+                             f"the plan was made for another profile than {model} traced for the runtime "
+                             f"({profile.name}, sha256 {profile.sha256[:12]}...): plan the profile that "
+                             f"`swapplan trace {model} --runtime` writes with the same options")
+        check_plan(the_plan, profile, hw.ssd is not None, hw.cpu is not None)
+        budget_bytes = parse_budget(budget, profile.peak_bytes) if budget is not None else None
+    plan_s = time.perf_counter() - started
+
+    planned_run = PlannedInterpreter(bindings, the_plan, hw, budget_bytes)   # refuses a bad plan now
+    values = initial_values(bindings, seed)
+    with _threads(threads):
+        return _run_all(model, profile, bindings, the_plan, planned_run, values, hw, steps, seed, plan, planner,
+                        gpu_kernels, notes, trace_s, plan_s, threads)
+
+
+def _run_all(model, profile, bindings, the_plan, planned_run, values, hw, steps, seed, plan, planner,
+             gpu_kernels, notes, trace_s, plan_s, threads) -> dict:
+    import torch
+
+    reference = values.clone()
+    torch.manual_seed(seed)
+    ref_losses, ref_seconds = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        ref_losses.append(reference_step(bindings, reference))
+        ref_seconds.append(time.perf_counter() - t0)
+
+    unplanned_peak, unplanned_s, unplanned_equal = None, None, None
+    try:
+        plain = PlannedInterpreter(bindings, None, hw)
+    except PlanRefused:
+        notes.append("the no-swap peak does not fit the GPU: the interpreter was not run without a plan")
+    else:
+        mine = values.clone()
+        torch.manual_seed(seed)
+        reports = plain.run(mine, steps)
+        unplanned_peak = max(r.peak_bytes for r in reports)
+        unplanned_s = _per_step([r.seconds for r in reports])
+        unplanned_equal = not _differences(bindings, reference, mine, ref_losses, [r.loss for r in reports])
+        del mine, plain
+
+    planned = values
+    del values   # the last run works on the initial values themselves
+
+    torch.manual_seed(seed)
+    reports = planned_run.run(planned, steps)
+    differences = _differences(bindings, reference, planned, ref_losses, [r.loss for r in reports])
+    kinds: dict[str, int] = {}
+    for action in the_plan.actions:
+        kinds[action.kind] = kinds.get(action.kind, 0) + 1
+    result = planned_run.result
+    peak = max(r.peak_bytes for r in reports)
+    at = next(r.peak_at for r in reports if r.peak_bytes == peak)
+    return {
+        "model": model, "profile": profile.name, "profile_sha256": profile.sha256, "hardware": hw.name,
+        "planner": the_plan.planner.name if the_plan.planner else planner,
+        "plan": plan if isinstance(plan, str) else None, "steps": steps, "batch": profile.source.get("batch"),
+        "seq": profile.source.get("seq"), "kernels": "gpu" if gpu_kernels else "cpu", "seed": seed,
+        "threads": threads,
+        "bit_equal": not differences, "differences": differences[:10],
+        "unplanned_bit_equal": unplanned_equal,
+        "loss": [float(x) if x is not None else None for x in (r.loss for r in reports)],
+        "budget_bytes": result.budget_bytes, "peak_bytes": peak, "peak_at": at,
+        "simulated_peak_bytes": result.peak_bytes, "profile_peak_bytes": profile.peak_bytes,
+        "unplanned_peak_bytes": unplanned_peak,
+        "host_peak_bytes": max(r.host_peak_bytes for r in reports),
+        "ssd_peak_bytes": max(r.ssd_peak_bytes for r in reports),
+        "temporaries_bytes": max(r.temporaries_bytes for r in reports),
+        "recompute_extra_bytes": max(r.recompute_extra_bytes for r in reports),
+        "size_mismatches": sorted({t for r in reports for t in r.size_mismatches}),
+        "actions_total": len(the_plan.actions) * steps,
+        "actions_applied": sum(r.actions_applied for r in reports), "actions": kinds,
+        "seconds_per_step": {"planned": _per_step([r.seconds for r in reports]), "unplanned": unplanned_s,
+                             "reference": _per_step(ref_seconds)},
+        "predicted_overhead": result.overhead, "trace_seconds": trace_s, "plan_seconds": plan_s,
+        "notes": notes,
+    }
+
+
+@contextlib.contextmanager
+def _threads(n: int):
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _per_step(seconds: list[float]) -> float:
+    return sum(seconds) / len(seconds)
+
+
+def same_bits(a, b) -> bool:
+    """Two tensors hold the same bytes (NaN equal to the same NaN, -0.0 not equal to 0.0)."""
+    import torch
+    if a is None or b is None:
+        return a is b
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+
+
+def _differences(bindings, want: Values, got: Values, want_losses: list, got_losses: list) -> list[str]:
+    """What differs, bit for bit: the loss of each step, then every parameter, buffer,
+    optimizer state and batch tensor (by name)."""
+    out = [f"loss of step {i + 1}" for i, (a, b) in enumerate(zip(want_losses, got_losses)) if not same_bits(a, b)]
+    mine = got.named(bindings)
+    for name, tensor in want.named(bindings).items():
+        if not same_bits(tensor, mine[name]):
+            out.append(name)
+    return out
