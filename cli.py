@@ -266,7 +266,7 @@ def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, as_js
                             record=bool(timeline_out or plot_out))
     # any plan may swap, recompute and move weights: the most general bound applies
     bound = bound_fields(lower_bound(loaded, hardware, result.budget_bytes, recompute=True, moves_persistent=True,
-                                     cpu_ops=loaded_plan.uses_cpu), result)
+                                     cpu_ops=loaded_plan.uses_cpu, uvm=loaded_plan.uvm), result)
     if timeline_out and result.timeline is not None:
         write_chrome_trace(result, timeline_out, title=f"{loaded.name} on {hardware.name}")
     if plot_out and result.timeline is not None:
@@ -305,6 +305,10 @@ def _print_result(profile_name: str, hardware_name: str, result, bound: dict | N
         click.echo(f"  cpu        {format_us(result.cpu_us)}  (ops on the host CPU, R24-R28)")
     click.echo(f"  stalls     {format_us(result.stall_us)}  (data {format_us(result.stall_data_us)}, "
                f"memory {format_us(result.stall_memory_us)}), tail {format_us(result.tail_us)}")
+    if result.faults or result.evictions:
+        click.echo(f"  uvm        {result.faults} fault batches ({format_bytes(result.fault_bytes)}, stalled "
+                   f"{format_us(result.stall_fault_us)}), {result.evictions} blocks evicted "
+                   f"({format_bytes(result.writeback_bytes)} written back)")
     click.echo(f"  peak       {format_bytes(result.peak_bytes)} at {format_us(result.peak_at_us)}")
     moved = [f"{link} {format_bytes(nbytes)} ({result.link_utilisation[link] * 100:.1f}% busy)"
              for link, nbytes in result.link_bytes.items() if nbytes]
@@ -312,10 +316,9 @@ def _print_result(profile_name: str, hardware_name: str, result, bound: dict | N
     if result.host_peak_bytes or result.ssd_peak_bytes:
         click.echo(f"  off-GPU    host peak {format_bytes(result.host_peak_bytes)}, "
                    f"ssd peak {format_bytes(result.ssd_peak_bytes)}")
-    worst = sorted(result.stall_by_op.items(), key=lambda kv: -(kv[1]["data_us"] + kv[1]["memory_us"]))[:5]
+    worst = sorted(result.stall_by_op.items(), key=lambda kv: -sum(kv[1].values()))[:5]
     if worst:
-        click.echo("  most stalled: " + ", ".join(
-            f"{op} {format_us(s['data_us'] + s['memory_us'])}" for op, s in worst))
+        click.echo("  most stalled: " + ", ".join(f"{op} {format_us(sum(s.values()))}" for op, s in worst))
 
 
 # ----------------------------------------------------------------------------- replay
@@ -439,10 +442,13 @@ def _print_replay(r: dict) -> None:
                                                   "dropout masks, CPU autocast lists) instead of those a CUDA "
                                                   "run picks.")
 @click.option("--name", default=None, help="Profile name [default: <model>-b<batch>-s<seq>...].")
+@click.option("--runtime", is_flag=True, help="Add what a runtime needs to follow a plan (node identity, "
+                                              "rewrites, random ops; see docs/runtime.md): the profile "
+                                              "`swapplan train --plan` runs plans of.")
 @click.option("--list", "list_models", is_flag=True, help="List the registered models and exit.")
 @click.option("-o", "--output", default=None, help="Profile file to write (.json, .json.gz, .yaml).")
-def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name, cpu_kernels, name, list_models,
-              output) -> None:
+def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name, cpu_kernels, name, runtime,
+              list_models, output) -> None:
     """Trace one training step of MODEL (forward, backward, optimizer) on fake tensors:
     no weights, no GPU, no download; kernel times from a roofline of the hardware.
 
@@ -469,7 +475,7 @@ def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name
     click.echo(f"tracing {what} ...", err=True)
     try:
         profile = trace(model, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer, hardware=hardware_name,
-                        name=name, gpu_kernels=not cpu_kernels, amp=amp, hf_config=hf_config)
+                        name=name, gpu_kernels=not cpu_kernels, amp=amp, hf_config=hf_config, runtime=runtime)
     except ModuleNotFoundError as exc:  # transformers, for the Hugging Face models
         if (exc.name or "").split(".")[0] not in ("torch", "transformers"):
             raise
@@ -493,6 +499,83 @@ def _need_torch() -> None:
         found = False
     if not found:
         raise InputError("<argument>", "trace", f"tracing needs torch; {_TRACE_HINT}")
+
+
+# ----------------------------------------------------------------------------- train
+
+
+@app.command("train")
+@click.argument("model")
+@click.option("--planner", "planner_name", default=None, help="Plan with this planner (see `swapplan planners`).")
+@click.option("--budget", default=None, help="GPU memory budget for the planner: 8GiB, 512MB, or 60% of the "
+                                             "traced no-swap peak.")
+@click.option("--plan", "plan_path", default=None, help="Run this plan instead (made for the profile "
+                                                        "`swapplan trace MODEL ... --runtime` writes).")
+@click.option("--steps", default=1, show_default=True, type=click.IntRange(1), help="Training steps to run.")
+@click.option("--batch", type=int, default=None, help="Batch size [default: the model's].")
+@click.option("--seq", type=int, default=None,
+              help="Sequence length (language models) or image side in pixels (vision) [default: the model's].")
+@click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw", show_default=True)
+@click.option("--hardware", "hardware_name", default="a100-40gb-pcie4", show_default=True,
+              help="Preset or hardware file: the roofline, the budget's ceiling and the clock of the copies.")
+@click.option("--cpu-kernels", is_flag=True, help="Trace the CPU's kernel choices instead of those a CUDA run "
+                                                  "picks (which run here through CPU emulations).")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="A planner parameter (repeatable).")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the weights, the batch and the RNG.")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 1024),
+              help="Intra-op CPU threads of every run (the same in all, for bit-equality).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def train_cmd(model, planner_name, budget, plan_path, steps, batch, seq, optimizer, hardware_name, cpu_kernels,
+              params, seed, threads, as_json) -> None:
+    """Run real training steps of MODEL on the CPU following a plan, and check them.
+
+    Traces MODEL with node identity, plans it (--planner P --budget B) or takes --plan,
+    and runs --steps steps on the same seeded weights and batch three ways: the traced
+    graph called whole, node by node with no plan, and node by node following the plan
+    (offloads to a host pool, prefetches, drops, recomputes with the RNG replayed, at
+    the simulator's points). Reports whether loss, parameters, optimizer state and
+    buffers are bit-equal, the peak of the "GPU" pool against the budget, the actions
+    applied and the seconds per step. Exit status: 0 bit-equal, within budget and every
+    action applied; 1 otherwise, or a plan the simulator refuses; 2 bad input. See
+    docs/runtime.md.
+    """
+    _need_torch()
+    from runtime import PlanRefused, RuntimeFailure, train
+
+    if (planner_name is None) == (plan_path is None):
+        raise click.UsageError("give --planner with --budget, or --plan")
+    if planner_name is not None and budget is None:
+        raise click.UsageError("--planner needs --budget")
+    notes: list[str] = []
+    try:
+        report = train(model, planner=planner_name, budget=budget, plan=plan_path, steps=steps, batch=batch, seq=seq,
+                       hardware=hardware_name, optimizer=optimizer, gpu_kernels=not cpu_kernels, seed=seed,
+                       params=_parse_params(params), threads=threads, notes=notes)
+    except (PlanRefused, RuntimeFailure) as exc:
+        click.echo(_one_line(str(exc)), err=True)
+        raise click.exceptions.Exit(1)
+    for note in notes:
+        _note(note)
+    if as_json:
+        _echo_json(report)
+    else:
+        _print_train(report)
+    ok = report["bit_equal"] and report["peak_bytes"] <= report["budget_bytes"] and \
+        report["actions_applied"] == report["actions_total"]
+    if not ok:
+        raise click.exceptions.Exit(1)
+
+
+def _print_train(r: dict) -> None:
+    secs = r["seconds_per_step"]
+    click.echo(f"train {r['model']} ({r['profile']}), {r['steps']} step(s), {r['planner']} plan on {r['hardware']}: "
+               f"{'bit-equal' if r['bit_equal'] else 'NOT bit-equal: ' + ', '.join(r['differences'])}")
+    click.echo(f"  peak {format_bytes(r['peak_bytes'])} of budget {format_bytes(r['budget_bytes'])} (simulated "
+               f"{format_bytes(r['simulated_peak_bytes'])}, no-swap {format_bytes(r['profile_peak_bytes'])}); "
+               f"host peak {format_bytes(r['host_peak_bytes'])}")
+    unplanned = "-" if secs["unplanned"] is None else f"{secs['unplanned']:.3f}"
+    click.echo(f"  actions {r['actions_applied']}/{r['actions_total']} applied; seconds per step: planned "
+               f"{secs['planned']:.3f}, unplanned {unplanned}, reference {secs['reference']:.3f}")
 
 
 # ----------------------------------------------------------------------------- import

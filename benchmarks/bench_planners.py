@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.analysis import budget_floor  # noqa: E402
+from planner.analysis import budget_floor, uvm_floor  # noqa: E402
 from planner.api import make_plan  # noqa: E402
 from planner.registry import planners  # noqa: E402
 from simulator.catalog import open_profile, shipped_profile_paths  # noqa: E402
@@ -46,7 +46,8 @@ def main(argv: list[str]) -> None:
         for spec in planners():
             if chosen is not None and spec.name not in chosen:
                 continue
-            floor, _ = budget_floor(profile, spec.moves_persistent, spec.cpu_phases)
+            floor, _ = (uvm_floor(profile, hw.uvm.block_bytes, hw.uvm.fault_batch_blocks) if spec.memory == "uvm"
+                        else budget_floor(profile, spec.moves_persistent, spec.cpu_phases))
             cells, times = [], []
             for fraction in FRACTIONS:
                 budget = min(int(profile.peak_bytes * fraction), hw.gpu.memory_bytes)

@@ -81,3 +81,19 @@ def budget_floor(profile: Profile, moves_persistent: bool, cpu_phases: tuple[str
         if need > best:
             best, where = need, op.id
     return best, where
+
+
+def uvm_floor(profile: Profile, block: int, batch_blocks: int = 1) -> tuple[int, str | None]:
+    """The smallest budget a plan in UVM mode can run at, and the op that sets it: an
+    item needs its outputs and workspace on the GPU, and room for one fault batch of
+    what it reads (R32 as docs/simulation.md extends it: its inputs stream through, so
+    none of them has to stay whole); nothing else has to stay."""
+    tensors = profile.tensor_by_id
+    best, where = 0, None
+    for op in profile.ops:
+        outputs = sum(tensors[t].bytes for t in dict.fromkeys(op.outputs))
+        reads = [tensors[t].bytes for t in dict.fromkeys(op.inputs + op.updates)]
+        need = max(op.workspace_bytes + outputs, min(max(reads, default=0), block * batch_blocks))
+        if need > best:
+            best, where = need, op.id
+    return best, where

@@ -14,7 +14,7 @@ from simulator.plan import Plan, PlannerInfo
 from simulator.profile import Profile, profile_sha256
 from simulator.result import Result
 
-from .analysis import budget_floor
+from .analysis import budget_floor, uvm_floor
 from .bound import Bound, bound_fields, lower_bound
 from .registry import RunOptions, get_planner
 
@@ -46,10 +46,15 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     resolved = spec.resolve(params or {})
     options = options or RunOptions(seed=seed)
     check_budget(budget_bytes, hardware)
-    floor, floor_op = budget_floor(profile, spec.moves_persistent, spec.cpu_phases)
+    if spec.memory == "uvm":
+        floor, floor_op = uvm_floor(profile, hardware.uvm.block_bytes, hardware.uvm.fault_batch_blocks)
+    else:
+        floor, floor_op = budget_floor(profile, spec.moves_persistent, spec.cpu_phases)
     if budget_bytes < floor:
         why = (f"op {floor_op!r} needs its working set, and weights and optimizer state stay on the GPU"
                if not spec.moves_persistent else f"the working set of op {floor_op!r}")
+        if spec.memory == "uvm":
+            why = f"op {floor_op!r} needs its outputs, its workspace and one fault batch on the GPU (R32)"
         raise InfeasibleError(f"budget: {budget_bytes} bytes is below the smallest budget planner {planner!r} can "
                               f"meet: {floor} bytes ({why})")
     started = time.perf_counter()
@@ -58,10 +63,11 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     plan = Plan(profile_name=profile.name, profile_sha256=profile_sha256(profile),
                 actions=tuple(draft.actions), hardware=hardware.name, budget_bytes=budget_bytes,
                 schedule=None if draft.schedule is None else tuple(draft.schedule),
-                initial=dict(draft.initial), cpu_ops=tuple(draft.cpu_ops))
+                initial=dict(draft.initial), cpu_ops=tuple(draft.cpu_ops), memory=draft.memory,
+                read_mostly=tuple(draft.read_mostly), uvm_backing=draft.uvm_backing)
     result = simulate(profile, plan, hardware, budget_bytes)  # the plan as exported
     bound = lower_bound(profile, hardware, budget_bytes, recompute=spec.recomputes,
-                        moves_persistent=spec.moves_persistent, cpu_ops=plan.uses_cpu)
+                        moves_persistent=spec.moves_persistent, cpu_ops=plan.uses_cpu, uvm=plan.uvm)
     status = draft.status if result.ok else ("invalid" if not result.valid else "infeasible")
     plan.planner = PlannerInfo(name=planner, params=resolved, status=status, gap=draft.gap, seed=options.seed,
                                notes=_plain(draft.notes), estimate_us=draft.estimate_us,
@@ -72,12 +78,12 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
 
 
 def score(profile: Profile, hardware: Hardware, budget_bytes: int, actions, initial: dict | None = None,
-          schedule=None, cpu_ops=()) -> Result:
+          schedule=None, cpu_ops=(), memory: str = "explicit", read_mostly=()) -> Result:
     """Simulate a candidate set of actions: how planners with a feedback loop or a tuner
     judge their own candidates."""
     plan = Plan(profile_name=profile.name, profile_sha256=profile_sha256(profile), actions=tuple(actions),
                 initial=dict(initial or {}), schedule=None if schedule is None else tuple(schedule),
-                cpu_ops=tuple(cpu_ops))
+                cpu_ops=tuple(cpu_ops), memory=memory, read_mostly=tuple(read_mostly))
     return simulate(profile, plan, hardware, budget_bytes)
 
 

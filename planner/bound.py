@@ -48,11 +48,14 @@ class Bound:
     moves_persistent: bool
     feasible: bool = True     # False: no plan of this kind fits the budget at all
     applies: bool = True      # False: the plan runs ops on the CPU, which the argument leaves out
+    uvm: bool = False         # a UVM plan (R30-R37): the bound is the ideal time
 
     @property
     def kind(self) -> str:
         """Which bound: ``swap`` or ``swap+recompute``, ``+persistent`` when weights move;
-        ``none (ops on the CPU)`` when it does not apply."""
+        ``none (ops on the CPU)`` when it does not apply; ``uvm (the ideal)`` for UVM plans."""
+        if self.uvm:
+            return "uvm (the ideal)"
         if not self.applies:
             return "none (ops on the CPU)"
         return ("swap+recompute" if self.recompute else "swap") + ("+persistent" if self.moves_persistent else "")
@@ -70,12 +73,19 @@ class Bound:
 
 
 def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompute: bool = True,
-                moves_persistent: bool = False, cpu_ops: bool = False) -> Bound:
+                moves_persistent: bool = False, cpu_ops: bool = False, uvm: bool = False) -> Bound:
     """The lower bound of the module docstring for ``budget_bytes`` on ``hardware``.
 
     With ``cpu_ops`` (a plan that runs ops on the host CPU, R24) the argument does not
     hold, since such a plan takes work off the GPU: the Bound says it does not apply.
+    With ``uvm`` (a plan in managed memory, R30-R37) it does not hold either: a block
+    with a valid backing copy leaves the GPU without crossing the up link (R34), a
+    prefetch hint pays no fault latency, and the budget may pass the GPU's memory; what
+    does hold is that no UVM plan beats the ideal time (compute never waits less than
+    nothing), so the bound reported is the ideal, of kind ``uvm (the ideal)``.
     """
+    if uvm:
+        return Bound(profile.ideal_us, None, recompute, moves_persistent, uvm=True)
     if cpu_ops:
         return Bound(float("nan"), None, recompute, moves_persistent, applies=False)
     starts = op_start_us(profile)

@@ -29,7 +29,9 @@ Here (this module's model, on a coarsened graph):
   backward (``S[1,i]``) or drops each one after its last forward use; recomputing inside
   the forward pass is not modelled (see departures). The backward part (everything after
   the last forward op) is cut into stages 1.. at the ops that read a recomputable tensor
-  (at most ``stages``, evenly merged); node i may be recomputed just before a stage's
+  (at most ``stages``, evenly chosen; by default at most 24,000 / ``nodes``, as HiGHS's
+  root cut rounds ran far past the time limit on larger models: Llama-1B's 409 stages,
+  117 s on a 20 s limit); node i may be recomputed just before a stage's
   first op (``R[t,i]``), and kept into the next (``S[t+1,i] <= S[t,i] + R[t,i]``).
   A stage whose op reads one of node i's tensors needs node i (``S[t,i] + R[t,i] >= 1``);
   a recompute needs its sources: ``R[t,j] <= S[t,i] + R[t,i]`` for recomputable sources,
@@ -55,6 +57,13 @@ Here (this module's model, on a coarsened graph):
   was. ResNet-50 (56 nodes, 58 stages) is 1.6k columns and solves in 0.1 s; GPT-2 (120
   of 262 tensors' nodes, 163 stages) is 18k columns.
 
+The solver starts from a knapsack-like solution on the model's own rows (``greedy_start``:
+nodes dropped and recomputed once, cheapest per byte first, while that lowers the bytes
+over the budget, then kept again dearest first while every row holds), when one exists.
+HiGHS's objective is taken again from the values it returns (1.16 misreported it for an
+incumbent it was given, and stopped on it as optimal; the model is then solved again
+without the start).
+
 The solution is lowered per tensor: a tensor of a node not kept into backward is dropped
 after its last forward use; in a stage where its node is recomputed and it is needed at
 or after that stage, it is recomputed before the stage's first op (sources first, in
@@ -64,9 +73,10 @@ skipped: it is kept instead). Every tensor needed by an op is then resident, and
 is scored by the simulator (planner.api.score).
 
 Fallback: when the solver finds no solution within the time limit, the model has none
-(the budget is below what the pinned tensors allow), or the lowered plan does not fit,
+(the budget is below what the pinned tensors allow), the lowered plan does not fit, or
+chen's plan simulates faster (a coarse grouping can make the model's best plan slower),
 the plan is chen's budgeted search (planner/chen.py), with status ``fallback`` and the
-reason in ``notes.fallback``.
+reason in ``notes.fallback``; ``notes.chen_us`` is chen's time whenever it was scored.
 
 Departures from the paper (and why):
 - The graph is coarsened (the paper's nodes are layers; its O(n^2) program found nothing
@@ -93,15 +103,13 @@ Departures from the paper (and why):
 """
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from simulator.plan import drop, recompute
-from simulator.profile import Profile
 
+from ._checkmate_model import MS, Formulation, Graph, build_graph, group, recomputable  # noqa: F401
 from .api import score
 from .lowering import DROP, Step, issue_order
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
@@ -109,459 +117,7 @@ from .registry import DEFAULT_OPTIONS, Draft, Param, register
 DEFAULT_TIME_LIMIT = 120.0
 DEFAULT_NODES = 120
 DEFAULT_GAP = 1e-3
-MS = 1e-3          # the objective in milliseconds (coefficients near 1)
-TINY = 1e-4        # recomputable tensors under this share of the budget that nothing recomputable reads are kept
-
-
-# ----------------------------------------------------------------------------- the graph
-
-
-@dataclass
-class Item:
-    """One recomputable tensor: its producer, size, recompute cost, last forward use, the
-    ops after the forward pass that read it, the recomputable tensors its producer reads
-    (``sources``), and (filled by ``build_graph``) the stages that read it (``need``), the
-    last stage and op that may need it (directly or as a recompute source), and the last
-    stage its recompute may run before (``valid``: its other sources are alive and
-    unchanged until that stage's first op)."""
-    tid: str
-    producer: int
-    nbytes: int
-    cost_us: float
-    last_forward: int
-    sources: tuple[str, ...]
-    reader_ops: tuple[int, ...]
-    bound: int = 0                       # recomputable before op c only when c <= bound
-    need: set[int] = field(default_factory=set)
-    last_stage: int = 0
-    last_op: int = -1
-    valid: int = 0
-
-
-@dataclass
-class Graph:
-    """The recomputable tensors (``items``) grouped into ``nodes`` (lists of tensor ids,
-    consecutive in producer order), and the stages: ``starts[t]`` is the first op of stage
-    t (stage 0: the forward pass)."""
-    profile: Profile
-    last_forward: int
-    items: dict[str, Item]
-    starts: list[int]
-    stage_of: list[int]                  # op position -> stage
-    order: list[str]                     # the items by producer
-    nodes: list[list[str]] = field(default_factory=list)
-    node_of: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def stages(self) -> int:
-        return len(self.starts)
-
-    def node_last(self, i: int) -> int:
-        return max(self.items[t].last_stage for t in self.nodes[i])
-
-    def grouped(self, nodes: list[list[str]]) -> "Graph":
-        """The same graph with another grouping."""
-        node_of = {tid: i for i, group in enumerate(nodes) for tid in group}
-        return Graph(self.profile, self.last_forward, self.items, self.starts, self.stage_of, self.order,
-                     nodes, node_of)
-
-
-def recomputable(profile: Profile, min_bytes: int = 0) -> tuple[dict[str, Item], int]:
-    """The tensors the plan may drop and recompute, to a fixed point: made by a forward op
-    that updates nothing in place, never updated in place (R15), needed after the forward
-    pass (read by a later op, or a source of such a tensor that is itself recomputable),
-    recomputable by their first use after the forward pass (each source that is not
-    recomputable itself is alive then and not updated in place since the producer read
-    it), and, unless a recomputable tensor reads them, of at least ``min_bytes``. Returns
-    them, and the last forward op's position."""
-    ops, tensors = profile.ops, profile.tensor_by_id
-    forward = [i for i, op in enumerate(ops) if op.phase == "forward"]
-    if not forward:
-        return {}, -1
-    last_forward = max(forward)
-    is_forward = set(forward)
-    found: dict[str, Item] = {}
-    for tensor in profile.tensors:
-        made_by = profile.producer[tensor.id]
-        if tensor.persistent or tensor.bytes == 0 or made_by not in is_forward:
-            continue
-        if ops[made_by].updates or profile.updaters[tensor.id]:
-            continue
-        uses = profile.consumers[tensor.id]
-        found[tensor.id] = Item(
-            tensor.id, made_by, tensor.bytes, ops[made_by].time_us,
-            max([made_by] + [u for u in uses if u <= last_forward]),
-            tuple(dict.fromkeys(s for s in ops[made_by].inputs if not tensors[s].persistent)),
-            tuple(u for u in uses if u > last_forward))
-    end = len(ops)
-    while True:
-        read_by: dict[str, int] = {}
-        for item in found.values():
-            bound = end
-            for src in item.sources:
-                if src in found:
-                    read_by[src] = read_by.get(src, 0) + 1
-                    continue
-                last = profile.last_use[src]
-                later = [u for u in profile.updaters[src] if u > item.producer]
-                bound = min(bound, -1 if last is None else last, min(later, default=end))
-            item.bound = bound
-        gone = [t for t, item in found.items()
-                if (item.reader_ops and item.bound < item.reader_ops[0])
-                or (not read_by.get(t) and (not item.reader_ops or item.nbytes < min_bytes))]
-        if not gone:
-            return found, last_forward
-        for t in gone:
-            del found[t]
-
-
-def build_graph(profile: Profile, budget: int = 0, stages: int = 0) -> Graph:
-    """The recomputable tensors and the stages (ungrouped: see ``group``): stage 0 is
-    the forward pass, the backward part is cut at the ops that read a recomputable tensor
-    (at most ``stages`` cuts when ``stages`` > 0, evenly chosen among them)."""
-    items, last_forward = recomputable(profile, int(TINY * budget))
-    n = len(profile.ops)
-    cuts = sorted({u for item in items.values() for u in item.reader_ops} | {last_forward + 1}) \
-        if items else []
-    if stages and len(cuts) > stages:
-        cuts = sorted({cuts[0]} | {cuts[(k * len(cuts)) // stages] for k in range(stages)})
-    starts = [0] + cuts
-    stage_of = [0] * n
-    for t, start in enumerate(starts):
-        for c in range(start, starts[t + 1] if t + 1 < len(starts) else n):
-            stage_of[c] = t
-    order = sorted(items, key=lambda t: (items[t].producer, profile.ops[items[t].producer].outputs.index(t)))
-    for item in items.values():
-        item.need = {stage_of[u] for u in item.reader_ops}
-        item.last_stage = max(item.need, default=0)
-        item.last_op = max(item.reader_ops, default=-1)
-    # what may need a tensor later: its readers, and the recomputes of the tensors it is a source of
-    for tid in reversed(order):
-        item = items[tid]
-        for src in item.sources:
-            if src in items:
-                source = items[src]
-                source.last_stage = max(source.last_stage, item.last_stage)
-                source.last_op = max(source.last_op, starts[item.last_stage])
-    for item in items.values():
-        item.valid = max((t for t in range(1, len(starts)) if starts[t] <= item.bound), default=0)
-    return Graph(profile, last_forward, items, starts, stage_of, order)
-
-
-def group(graph: Graph, nodes: int) -> Graph:
-    """The graph with its recomputable tensors grouped into at most ``nodes`` runs that
-    are consecutive in producer order: from one node per tensor, adjacent runs merge
-    cheapest first, the price of a merge being what forcing one decision on both can
-    lose. With C the recompute time and M the bytes of each run and r = C / M, that is
-    M_a M_b / (M_a + M_b) |r_a - r_b|: the loss at the worst exchange rate of time for
-    memory (Ward's criterion); ties merge the earlier pair."""
-    items = graph.items
-    runs = [[tid] for tid in graph.order]
-    cost = [items[t].cost_us for t in graph.order]
-    size = [float(items[t].nbytes) for t in graph.order]
-
-    def price(k: int) -> float:
-        ma, mb = size[k], size[k + 1]
-        return ma * mb / (ma + mb) * abs(cost[k] / ma - cost[k + 1] / mb)
-
-    prices = [price(k) for k in range(len(runs) - 1)]
-    while len(runs) > max(1, nodes):
-        k = min(range(len(prices)), key=prices.__getitem__)
-        runs[k:k + 2] = [runs[k] + runs[k + 1]]
-        cost[k:k + 2] = [cost[k] + cost[k + 1]]
-        size[k:k + 2] = [size[k] + size[k + 1]]
-        del prices[k]
-        if k < len(prices):
-            prices[k] = price(k)
-        if k > 0:
-            prices[k - 1] = price(k - 1)
-    return graph.grouped(runs)
-
-
-# ----------------------------------------------------------------------------- the MILP
-
-
-class Formulation:
-    """The MILP over a grouped Graph for a budget: ``S[(t, i)]`` and ``R[(t, i)]`` map
-    (stage, node) to a column, for the backward stages t >= 1 where the node's state
-    matters (see ``relevant``). ``infeasible`` names an op whose fixed memory alone
-    (everything but the recomputable tensors that may be gone there) is over the budget:
-    no plan of the model fits. The objective is the predicted iteration time in ms (the
-    ideal time is a fixed column), so that the MIP gap is relative to the iteration."""
-
-    def __init__(self, graph: Graph, budget: int):
-        from .ilp.highs import Model
-
-        self.graph, self.budget = graph, budget
-        items, nodes, node_of = graph.items, graph.nodes, graph.node_of
-        self.infeasible: str | None = None
-        self.scale = float(max([item.nbytes for item in items.values()] + [1]))
-        self.last = [graph.node_last(i) for i in range(len(nodes))]
-        # the nodes each node's recomputes read
-        self.sources = [sorted({node_of[s] for x in group for s in items[x].sources
-                                if s in items and node_of[s] != i}) for i, group in enumerate(nodes)]
-        # where a recompute of node i is worth having: a stage it is read at, a stage a node that reads
-        # it may be recomputed at, and its last valid stage (recomputing any earlier only holds it longer
-        # for the same cost); never where one of its tensors still needed is no longer recomputable
-        useful: list[set[int]] = [set() for _ in nodes]
-        needed_at: list[set[int]] = [set() for _ in nodes]
-        for j in reversed(range(len(nodes))):
-            needed_at[j] = {t for x in nodes[j] for t in items[x].need}
-            valid = [t for t in range(1, self.last[j] + 1)
-                     if all(items[x].valid >= t for x in nodes[j] if items[x].last_stage >= t)]
-            useful[j] |= needed_at[j]
-            if valid and valid[-1] < self.last[j]:
-                useful[j].add(valid[-1])
-            useful[j] &= set(valid)
-            for i in self.sources[j]:
-                useful[i] |= useful[j]
-        self.read = needed_at
-        redo = {(t, i) for i in range(len(nodes)) for t in useful[i]}
-        rows = self._memory_rows(budget, redo)
-        # a node's state matters where it is read, may be recomputed, is read by a recompute, or
-        # counts in a memory row; elsewhere holding it is free, so it stays as it was
-        relevant = {(1, i) for i in range(len(nodes))} | redo
-        relevant |= {(t, i) for i in range(len(nodes)) for t in needed_at[i]}
-        relevant |= {(t, i) for (t, j) in redo for i in self.sources[j]}
-        for _, coef, _ in rows:
-            relevant |= set(coef)
-        self.relevant = [sorted(t for (t, k) in relevant if k == i) for i in range(len(nodes))]
-        model = self.model = Model()
-        model.add_vars(1, lower=1.0, upper=1.0, cost=graph.profile.ideal_us * MS)
-        self.S: dict[tuple[int, int], int] = {}
-        self.R: dict[tuple[int, int], int] = {}
-        for i, group in enumerate(nodes):
-            for t in self.relevant[i]:
-                self.S[t, i] = model.add_vars(1, upper=1.0, integer=True)
-                if (t, i) in redo:
-                    cost = sum(items[x].cost_us for x in group if items[x].last_stage >= t)
-                    self.R[t, i] = model.add_vars(1, upper=1.0, cost=cost * MS, integer=True)
-        for i in range(len(nodes)):
-            stages = self.relevant[i]
-            for t, nxt in zip(stages, stages[1:]):      # kept into a stage only if held before
-                held = self.held(t, i)
-                model.add_row([self.S[nxt, i]] + held, [1.0] + [-1.0] * len(held), upper=0.0)
-            for t in stages:
-                held = self.held(t, i)
-                if len(held) == 2:                       # a node held is not recomputed
-                    model.add_row(held, [1.0, 1.0], upper=1.0)
-                if t in needed_at[i]:                    # read in stage t
-                    model.add_row(held, [1.0] * len(held), lower=1.0)
-        for (t, j), r in self.R.items():       # a recompute reads its recomputable sources
-            for i in self.sources[j]:
-                if any(items[x].last_stage >= t and any(node_of.get(s) == i for s in items[x].sources)
-                       for x in nodes[j]):
-                    held = self.held(t, i)
-                    model.add_row([r] + held, [1.0] + [-1.0] * len(held), upper=0.0)
-        for room, coef, extra in rows:
-            terms: dict[int, float] = {}
-            for key, nbytes in sorted(coef.items()):
-                for col in self.held(*key):
-                    terms[col] = terms.get(col, 0.0) + nbytes / self.scale
-            upper = room / self.scale
-            if extra is not None:       # big-M on the recompute: the row is void when it does not run
-                slack = max(0, sum(coef.values()) - room) / self.scale
-                terms[self.R[extra]] = terms.get(self.R[extra], 0.0) + slack
-                upper += slack
-            model.add_row(list(terms), list(terms.values()), upper=upper)
-        self.memory_rows = len(rows)
-
-    def held(self, t: int, i: int) -> list[int]:
-        """The columns whose sum says node i is on the GPU in stage t (S + R)."""
-        return [c for c in (self.S.get((t, i)), self.R.get((t, i))) if c is not None]
-
-    def _memory_rows(self, budget: int, redo: set) -> list[tuple[int, dict, tuple | None]]:
-        """The memory rows as (room, {(stage, node): bytes}, recompute key or None), for the
-        ops whose memory could pass the budget; sets ``infeasible`` when one must."""
-        graph = self.graph
-        profile, items, n = graph.profile, graph.items, len(graph.profile.ops)
-        resident = np.asarray(profile.resident_bytes, dtype=np.int64)
-        alive = np.zeros(n + 1, dtype=np.int64)      # recomputable tensors over their profile lifetime
-        forward = np.zeros(n + 1, dtype=np.int64)    # ... from their producer to their last forward use
-        for item in items.values():
-            end = max(item.producer, profile.last_use[item.tid] or item.producer)
-            alive[item.producer] += item.nbytes
-            alive[end + 1] -= item.nbytes
-            forward[item.producer] += item.nbytes
-            forward[item.last_forward + 1] -= item.nbytes
-        base = resident - np.cumsum(alive)[:n]
-        fixed = base + np.cumsum(forward)[:n]
-        rows: list[tuple[int, dict, tuple | None]] = []
-
-        def row(op: int, used: int, coef: dict, extra: tuple | None = None) -> None:
-            room = budget - used
-            if room < 0 and extra is None:
-                self.infeasible = self.infeasible or profile.ops[op].id
-            elif sum(coef.values()) > room:
-                rows.append((room, coef, extra))
-
-        # the forward pass: a tensor past its last forward use is there when its node is kept (S[1, i]);
-        # the coefficients grow along the pass, so an op needs a row only if its fixed part beats every later one
-        best = None
-        for o in range(graph.last_forward, -1, -1):
-            if best is not None and fixed[o] <= best:
-                continue
-            best = fixed[o]
-            coef: dict[tuple[int, int], int] = {}
-            for item in items.values():
-                if item.last_forward < o:
-                    key = (1, graph.node_of[item.tid])
-                    coef[key] = coef.get(key, 0) + item.nbytes
-            row(o, int(fixed[o]), coef)
-        # the backward stages: a node held counts its tensors that may still be needed at the op;
-        # the coefficients shrink along a stage, so an op needs a row only if it beats every earlier one
-        for t in range(1, graph.stages):
-            first = graph.starts[t]
-            end = graph.starts[t + 1] if t + 1 < graph.stages else n
-            best = None
-            for c in range(first, end):
-                if best is not None and base[c] <= best:
-                    continue
-                best = base[c]
-                row(c, int(base[c]), self._held_bytes(t, c))
-            # the recomputes before the stage's first op, each with its producer's workspace
-            op = profile.ops[first]
-            before = int(base[first]) - op.workspace_bytes - sum(profile.tensor_by_id[x].bytes for x in op.outputs
-                                                                 if x not in items)
-            for i, group in enumerate(graph.nodes):
-                space = max(profile.ops[items[x].producer].workspace_bytes for x in group)
-                if (t, i) in redo and space > op.workspace_bytes:
-                    row(first, before + space, self._held_bytes(t, first), (t, i))
-        return rows
-
-    def _held_bytes(self, t: int, c: int) -> dict[tuple[int, int], int]:
-        coef: dict[tuple[int, int], int] = {}
-        for item in self.graph.items.values():
-            if item.last_op >= c and item.last_stage >= t:
-                key = (t, self.graph.node_of[item.tid])
-                coef[key] = coef.get(key, 0) + item.nbytes
-        return coef
-
-    def values_of(self, keep: dict, redo: dict) -> np.ndarray:
-        """Column values for a wished pattern of holding (``keep`` or ``redo`` at a stage:
-        held there): a node is kept where it was held at its stage before, else recomputed
-        where the model has that recompute, else not held. The solver checks the result."""
-        x = np.zeros(self.model.num_cols)
-        x[0] = 1.0
-        for i, stages in enumerate(self.relevant):
-            before = True          # stage 1 may keep what the forward pass made
-            for t in stages:
-                wished = keep.get((t, i)) or redo.get((t, i))
-                if wished and before:
-                    x[self.S[t, i]] = 1.0
-                elif wished and (t, i) in self.R:
-                    x[self.R[t, i]] = 1.0
-                else:
-                    wished = False
-                before = bool(wished)
-        return x
-
-    def _plan_of(self, dropped: set[int]) -> list:
-        """Per node, for ``pattern``: "keep", (first, last) stages of a single recompute
-        and its holding, or None (never held after the forward pass)."""
-        items, nodes = self.graph.items, self.graph.nodes
-        demand: list[set[int]] = [set() for _ in nodes]
-        plan: list = [None] * len(nodes)
-        for j in reversed(range(len(nodes))):     # a node's readers come after it
-            read = self.read[j]
-            if read and j not in dropped:
-                plan[j] = "keep"
-                continue
-            here = read | demand[j]
-            if here:
-                plan[j] = (min(here), max(here))
-                for i in self.sources[j]:
-                    demand[i].add(plan[j][0])
-        return plan
-
-    def pattern(self, dropped: set[int]) -> tuple[dict, dict]:
-        """The holding pattern that recomputes each node of ``dropped`` once: dropped after
-        the forward pass, recomputed at the first stage that reads it or recomputes a node
-        from it, held until the last such stage. Other nodes that are read after the
-        forward pass are kept; the others (sources only) are recomputed, the same way,
-        only where a recomputed node reads them."""
-        keep, redo = {}, {}
-        for j, how in enumerate(self._plan_of(dropped)):
-            if how == "keep":
-                keep.update({(t, j): True for t in range(1, self.last[j] + 1)})
-            elif how is not None:
-                redo[how[0], j] = True
-                keep.update({(t, j): True for t in range(how[0] + 1, how[1] + 1)})
-        return keep, redo
-
-    def first_need(self) -> tuple[dict, dict]:
-        """Every node dropped after the forward pass and recomputed once (``pattern``)."""
-        return self.pattern(set(range(len(self.graph.nodes))))
-
-    def greedy_start(self, seconds: float) -> np.ndarray | None:
-        """A starting solution, torch.compile's knapsack on this model's rows: nodes read
-        after the forward pass are dropped (``pattern``) in order of recompute time per
-        byte, cheapest first, each only if it lowers the bytes over the budget, until every
-        row holds; then each is kept again, dearest first, where the rows still hold.
-        None when no such pattern is found (within ``seconds``)."""
-        stop = time.perf_counter() + seconds
-        model = self.model
-        starts = np.asarray(model._starts, dtype=np.int64)
-        index = np.asarray(model._index, dtype=np.int64)
-        value = np.asarray(model._value, dtype=float)
-        rows = np.repeat(np.arange(model.num_rows), np.diff(starts))
-        lower, upper = np.asarray(model.row_lower) - 1e-7, np.asarray(model.row_upper) + 1e-7
-        stages = [np.asarray(rel) for rel in self.relevant]
-        s_cols = [np.asarray([self.S[t, i] for t in rel], dtype=np.int64) for i, rel in enumerate(self.relevant)]
-
-        def evaluate(dropped: set[int]) -> tuple[float, np.ndarray | None]:
-            x = np.zeros(model.num_cols)
-            x[0] = 1.0
-            for i, how in enumerate(self._plan_of(dropped)):
-                if how == "keep":
-                    x[s_cols[i]] = 1.0
-                elif how is not None:
-                    if (how[0], i) not in self.R:
-                        return math.inf, None
-                    x[self.R[how[0], i]] = 1.0
-                    x[s_cols[i][(stages[i] > how[0]) & (stages[i] <= how[1])]] = 1.0
-            act = np.bincount(rows, weights=value * x[index], minlength=model.num_rows)
-            over = float(np.sum(np.maximum(act - upper, 0.0)) + np.sum(np.maximum(lower - act, 0.0)))
-            return over, x
-
-        items, nodes = self.graph.items, self.graph.nodes
-        ranked = sorted((sum(items[x].cost_us for x in group) / sum(items[x].nbytes for x in group), i)
-                        for i, group in enumerate(nodes) if self.read[i])
-        order = [i for _, i in ranked]
-        dropped: set[int] = set()
-        over, x = evaluate(dropped)
-        for i in order:
-            if over == 0.0 or time.perf_counter() > stop:
-                break
-            trial, y = evaluate(dropped | {i})
-            if trial < over:
-                dropped.add(i)
-                over, x = trial, y
-        if over > 0.0:
-            return None
-        for i in reversed(order):
-            if i in dropped and time.perf_counter() < stop:
-                trial, y = evaluate(dropped - {i})
-                if trial == 0.0:
-                    dropped.discard(i)
-                    x = y
-        return x
-
-    def decode(self, values: np.ndarray) -> tuple[dict, dict]:
-        """The solution at every stage: between a node's relevant stages it stays as it was."""
-        keep, redo = {}, {}
-        for i, stages in enumerate(self.relevant):
-            held = False
-            for t in range(1, self.last[i] + 1):
-                if (t, i) in self.S:
-                    held = False
-                    if values[self.S[t, i]] > 0.5:
-                        keep[t, i] = held = True
-                    if (t, i) in self.R and values[self.R[t, i]] > 0.5:
-                        redo[t, i] = held = True
-                elif held:
-                    keep[t, i] = True
-        return keep, redo
+STAGE_CELLS = 24_000  # stages=0: at most this many (node, stage) pairs (200 stages at 120 nodes)
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -622,6 +178,51 @@ def lower(graph: Graph, keep: dict, redo: dict) -> list:
 # ----------------------------------------------------------------------------- the planner
 
 
+def _checked(solution, form: Formulation, gap: float):
+    """The solution with its objective taken from its values (HiGHS's own figure can be
+    wrong for an incumbent it was given), the gap taken again against the dual bound,
+    and the status optimal only within ``gap``."""
+    from .ilp.highs import Solution
+
+    if solution.values is None:
+        return solution
+    objective = float(np.dot(form.model.cost, np.round(solution.values)))
+    bound = solution.bound if solution.bound is not None else None
+    found_gap = None if bound is None else max(0.0, (objective - bound) / abs(objective))
+    status = "optimal" if found_gap is not None and found_gap <= gap + 1e-9 else "feasible"
+    return Solution(status, solution.values, objective, bound, found_gap, solution.model_status)
+
+
+def _hint(profile, hardware, budget) -> set[str]:
+    """The tensors torch-budget's knapsack drops (planner/torch_budget.py): where some of
+    the starting solutions start."""
+    from .torch_budget import plan_torch_budget
+    return {a.tensor for a in plan_torch_budget(profile, hardware, budget).actions if a.kind == "drop"}
+
+
+def _start(form: Formulation, hint: set[str], seconds: float) -> np.ndarray | None:
+    """The cheapest of the greedy starts (``Formulation.greedy_start``) from no node
+    dropped and from the nodes whose bytes read after the forward pass the ``hint``
+    mostly drops (more than 30, 50, 70, 90% of them)."""
+    graph, stop = form.graph, time.perf_counter() + seconds
+    tried, best = [], None
+    for share in (None, 0.3, 0.5, 0.7, 0.9):
+        dropped = set()
+        if share is not None:
+            for i, run in enumerate(graph.nodes):
+                read = [graph.items[t].nbytes for t in run if graph.items[t].need]
+                mostly = sum(graph.items[t].nbytes for t in run if graph.items[t].need and t in hint)
+                if read and mostly > share * sum(read):
+                    dropped.add(i)
+        if dropped in tried:
+            continue
+        tried.append(dropped)
+        x = form.greedy_start(max(0.0, stop - time.perf_counter()), dropped)
+        if x is not None and (best is None or np.dot(form.model.cost, x) < np.dot(form.model.cost, best)):
+            best = x
+    return best
+
+
 def _chen(profile, hardware, budget):
     from .chen import plan_chen
     return plan_chen(profile, hardware, budget)
@@ -634,8 +235,8 @@ def _chen(profile, hardware, budget):
     "HiGHS, lowered to per-tensor drops and recomputes; chen's plan as the fallback.",
     params=(Param("nodes", DEFAULT_NODES, "super-nodes the recomputable tensors are grouped into (runs "
                                           "consecutive in the forward pass)", low=1, high=100_000),
-            Param("stages", 0, "backward stages at most (0: one per op that reads a recomputable tensor)",
-                  low=0, high=1_000_000),
+            Param("stages", 0, "backward stages at most (0: one per op that reads a recomputable tensor, up to "
+                               "24,000 / nodes)", low=0, high=1_000_000),
             Param("gap", DEFAULT_GAP, "stop when the solution is proven within this relative gap of the optimum",
                   low=0.0, high=1.0)),
     moves_persistent=False,
@@ -648,7 +249,12 @@ def plan_checkmate(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, 
     deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
     if profile.peak_bytes <= budget_bytes:
         return Draft(status="optimal", gap=0.0, estimate_us=profile.ideal_us, notes={"recomputes": 0})
-    graph = group(build_graph(profile, budget_bytes, stages), nodes)
+    graph = build_graph(profile, budget_bytes, stages)
+    if not stages and graph.items:      # HiGHS's root cut rounds outran the time limit on larger models
+        cap = max(1, STAGE_CELLS // min(nodes, len(graph.items)))
+        if graph.stages - 1 > cap:
+            graph = build_graph(profile, budget_bytes, cap)
+    graph = group(graph, nodes)
     notes = {"recomputable_tensors": len(graph.items), "nodes": len(graph.nodes), "stages": graph.stages - 1}
 
     def fallback(why: str) -> Draft:
@@ -662,7 +268,7 @@ def plan_checkmate(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, 
     notes.update(columns=form.model.num_cols, rows=form.model.num_rows, memory_rows=form.memory_rows)
     if form.infeasible is not None:
         return fallback(f"op {form.infeasible!r} is over the budget with every recomputable tensor dropped")
-    start = form.greedy_start(0.1 * (deadline - time.perf_counter()))
+    start = _start(form, _hint(profile, hardware, budget_bytes), 0.1 * (deadline - time.perf_counter()))
     if start is not None:
         notes.update(start_us=float(np.dot(form.model.cost, start)) / MS)
     left = deadline - time.perf_counter()
@@ -671,7 +277,17 @@ def plan_checkmate(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, 
         return fallback("the time limit was spent before the solver could start")
     options.say(f"checkmate MILP: {len(graph.nodes)} nodes, {graph.stages - 1} stages, {form.model.num_cols} "
                 f"columns, {form.model.num_rows} rows; solving (limit {limit:.0f} s)")
-    solution = form.model.solve(limit, options.threads, options.seed, gap, start=start)
+    solution = _checked(form.model.solve(limit, options.threads, options.seed, gap, start=start), form, gap)
+    if start is not None and solution.status == "feasible" and solution.model_status == "Optimal":
+        # HiGHS (1.16) can misreport the objective of an incumbent it was given, and stop on it:
+        # solve again without it in the time left, and keep the better
+        left = deadline - time.perf_counter()
+        if left - min(10.0, 0.05 * left) > 0:
+            again = _checked(form.model.solve(left - min(10.0, 0.05 * left), options.threads, options.seed, gap),
+                             form, gap)
+            if again.values is not None and again.objective <= solution.objective:
+                solution = again
+        notes.update(solved_twice=True)
     options.say(f"checkmate MILP: {solution.model_status} after {time.perf_counter() - started:.1f} s")
     notes.update(solver=solution.model_status, mip_gap=solution.gap,
                  model_bound_us=None if solution.bound is None else solution.bound / MS)
@@ -692,4 +308,11 @@ def plan_checkmate(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, 
     if not result.ok:
         return fallback("the solver's plan does not run within the budget in the simulator "
                         f"({result.rule}: {result.reason})")
+    backup = _chen(profile, hardware, budget_bytes)
+    backup_result = score(profile, hardware, budget_bytes, backup.actions)
+    notes.update(chen_us=backup_result.iteration_us if backup_result.ok else None)
+    if backup_result.ok and backup_result.iteration_us < result.iteration_us:
+        notes.update(fallback=f"chen's plan simulated faster than the solver's ({backup_result.iteration_us:.0f} us "
+                              f"against {result.iteration_us:.0f} us): chen's budgeted search", chen=backup.notes)
+        return Draft(actions=backup.actions, status="fallback", notes=notes)
     return Draft(actions=actions, status=solution.status, gap=solution.gap, estimate_us=estimate, notes=notes)

@@ -129,6 +129,9 @@ class Draft:
     schedule: list[str] | None = None
     initial: dict[str, str] = field(default_factory=dict)
     cpu_ops: tuple[str, ...] = ()  # ops run on the host CPU (R24)
+    memory: str = "explicit"       # "uvm": the plan runs in managed memory (R30-R37)
+    read_mostly: tuple[str, ...] = ()  # UVM: tensors advised read-mostly (R34)
+    uvm_backing: str | None = None     # UVM: "ssd" backs managed memory with a file (R35)
     status: str = "heuristic"
     gap: float | None = None      # for solvers: the optimality gap
     estimate_us: float | None = None
@@ -146,6 +149,7 @@ class PlannerSpec:
     paper: str = ""
     recomputes: bool = False        # may it recompute (which lower bound applies)?
     cpu_phases: tuple[str, ...] = ()  # phases whose ops it may run on the host CPU (R24)
+    memory: str = "explicit"        # "uvm": its plans run in managed memory (R30-R37)
 
     def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
         """Defaults overlaid with ``given`` (checked and coerced). Unknown names are errors."""
@@ -163,13 +167,13 @@ REGISTRY: dict[str, PlannerSpec] = {}
 
 
 def register(name: str, summary: str, params: tuple[Param, ...] = (), moves_persistent: bool = False,
-             paper: str = "", recomputes: bool = False, cpu_phases: tuple[str, ...] = ()):
+             paper: str = "", recomputes: bool = False, cpu_phases: tuple[str, ...] = (), memory: str = "explicit"):
     """Decorator: register a planner function under ``name``."""
     def wrap(func: Callable[..., Draft]) -> Callable[..., Draft]:
         if name in REGISTRY:
             raise ValueError(f"planner {name!r} registered twice")
         REGISTRY[name] = PlannerSpec(name, func, summary, tuple(params), moves_persistent, paper, recomputes,
-                                     tuple(cpu_phases))
+                                     tuple(cpu_phases), memory)
         return func
     return wrap
 

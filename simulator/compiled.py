@@ -49,9 +49,23 @@ class Machine:
     ssd_bytes: int
     packed: tuple        # simulator/fastpath.py: the machine as _fastsim reads it
     cpu: tuple | None = None   # (tflops, mem_gbps, launch_us) of the host CPU (R25), if described
+    uvm: "UvmMachine | None" = None   # managed memory (R30-R37)
 
     def route(self, kind: str, tier: str) -> Route:
         return self.routes[(kind, tier)]
+
+
+@dataclass(frozen=True, slots=True)
+class UvmMachine:
+    """The ``uvm`` section in the engine's units (R30, R35): block bytes, the fault
+    latency in ps, blocks per fault batch, the backing tier and the host page cache
+    (bytes; None without SSD backing), and the SSD's latency in ps for a cache miss."""
+    block: int
+    fault_latency_ps: int
+    batch_blocks: int
+    backing: str
+    host_cache: int | None
+    ssd_latency_ps: int
 
 
 @lru_cache(maxsize=64)
@@ -77,11 +91,15 @@ def compile_machine(hardware: Hardware) -> Machine:
         routes[("load", "ssd")] = Route(SSD_READ, (SSD_READ_LINK,), ssd_latency, False)
         routes[("store", "ssd")] = Route(SSD_WRITE, (SSD_WRITE_LINK,), ssd_latency, False)
     host_bytes, ssd_bytes = hardware.host.memory_bytes, ssd.capacity_bytes if ssd else 0
+    uvm = hardware.uvm
+    uvm_machine = UvmMachine(uvm.block_bytes, us_to_ps(uvm.fault_latency_us), uvm.fault_batch_blocks, uvm.backing,
+                             uvm.host_cache_bytes,
+                             us_to_ps(ssd.latency_us) if ssd else 0)
     return Machine(name=hardware.name, gpu_bytes=hardware.gpu.memory_bytes, link_capacity=tuple(capacity),
                    routes=routes, half_duplex=half, has_ssd=ssd is not None, host_bytes=host_bytes,
                    ssd_bytes=ssd_bytes, packed=_pack_machine(half, host_bytes, ssd_bytes, tuple(capacity), routes),
                    cpu=None if hardware.cpu is None else
-                   (hardware.cpu.tflops, hardware.cpu.mem_gbps, hardware.cpu.launch_us))
+                   (hardware.cpu.tflops, hardware.cpu.mem_gbps, hardware.cpu.launch_us), uvm=uvm_machine)
 
 
 def _pack_machine(half: bool, host_bytes: int, ssd_bytes: int, capacity: tuple, routes: dict) -> tuple:

@@ -107,7 +107,7 @@ def _result(compiled: CompiledProfile, machine: Machine, out: tuple, budget: int
         overhead=end / ideal - 1.0 if ideal > 0 else 0.0,
         compute_us=ps_to_us(compute), recompute_us=ps_to_us(recompute),
         stall_us=ps_to_us(stall_data + stall_memory), stall_data_us=ps_to_us(stall_data),
-        stall_memory_us=ps_to_us(stall_memory), tail_us=ps_to_us(max(0, end - last_compute_end)),
+        stall_memory_us=ps_to_us(stall_memory), stall_fault_us=0.0, tail_us=ps_to_us(max(0, end - last_compute_end)),
         peak_bytes=peak, peak_at_us=ps_to_us(peak_at),
         bytes_h2d=link_bytes[0], bytes_d2h=link_bytes[1], bytes_ssd_read=link_bytes[2],
         bytes_ssd_write=link_bytes[3],
@@ -115,6 +115,7 @@ def _result(compiled: CompiledProfile, machine: Machine, out: tuple, budget: int
                  "ssd_read": ps_to_us(stream_busy[2]), "ssd_write": ps_to_us(stream_busy[3])},
         link_bytes=dict(zip(("pcie_down", "pcie_up", "ssd_read_link", "ssd_write_link"), link_bytes)),
         host_peak_bytes=host_peak, ssd_peak_bytes=ssd_peak, transfers=n_transfers, recomputes=n_recomputes,
+        faults=0, fault_bytes=0, evictions=0, writeback_bytes=0,   # UVM plans never take the C path
         stall_by_op={ops[op]: {"data_us": ps_to_us(d), "memory_us": ps_to_us(m)} for op, d, m in stalls},
         progress=progress)
     result.link_utilisation = {name: (nbytes * 10**12 / (cap * end) if end else 0.0)

@@ -17,6 +17,7 @@ from .units import MAX_BYTES, MAX_GBPS, MAX_US, gbps_to_bytes_per_s, parse_size
 
 DUPLEX_MODES = ("full", "half")
 SSD_PATHS = ("host", "direct")
+UVM_BACKINGS = ("host", "ssd")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,22 @@ class Cpu:
 
 
 @dataclass(frozen=True)
+class Uvm:
+    """How CUDA managed memory behaves, for plans in UVM mode (R30-R37): the migration
+    unit, the cost of a fault batch, how many blocks a batch serves, the tier behind
+    managed memory and, with an SSD behind it, the host page cache (R35). The defaults
+    are SIMULATION-v3's: an optional section in hardware files."""
+    block_bytes: int = 2 * 1024 * 1024
+    fault_latency_us: float = 45.0
+    fault_batch_blocks: int = 1
+    backing: str = "host"
+    host_cache_bytes: int | None = None
+
+
+DEFAULT_UVM = Uvm()
+
+
+@dataclass(frozen=True)
 class Hardware:
     """One machine as the simulator sees it."""
     name: str
@@ -76,13 +93,17 @@ class Hardware:
     ssd: Ssd | None
     source: str = ""
     cpu: Cpu | None = None
+    uvm: Uvm = DEFAULT_UVM
 
     def to_dict(self) -> dict:
-        """A JSON-ready dict; sizes in bytes, bandwidths in GB/s."""
+        """A JSON-ready dict; sizes in bytes, bandwidths in GB/s. The ``uvm`` section is
+        left out when it holds the defaults (as files may leave it out)."""
         data = asdict(self)
         data.pop("source")
         if data["cpu"] is None:
             data.pop("cpu")
+        if self.uvm == DEFAULT_UVM:
+            data.pop("uvm")
         return data
 
 
@@ -92,7 +113,7 @@ def hardware_from_dict(data, file: str = "<hardware>") -> Hardware:
     Raises InputError naming the field for anything missing, unknown or out of range.
     """
     top = Reader(data, file)
-    top.reject_unknown({"name", "description", "gpu", "pcie", "host", "ssd", "cpu"})
+    top.reject_unknown({"name", "description", "gpu", "pcie", "host", "ssd", "cpu", "uvm"})
     name = top.string("name")
     top.string("description", default="")
 
@@ -143,9 +164,33 @@ def hardware_from_dict(data, file: str = "<hardware>") -> Hardware:
         cpu = Cpu(model=cpu_r.string("model", default="cpu"), tflops=cpu_r.number("tflops", positive=True),
                   mem_gbps=cpu_r.number("mem_gbps", positive=True),
                   launch_us=cpu_r.number("launch_us", default=0.0))
-    hardware = Hardware(name=name, gpu=gpu, pcie=pcie, host=host, ssd=ssd, source=file, cpu=cpu)
+    uvm = DEFAULT_UVM
+    if top.get("uvm", None) is not None:
+        uvm = _uvm_from(top.mapping("uvm"), file, ssd is not None)
+    hardware = Hardware(name=name, gpu=gpu, pcie=pcie, host=host, ssd=ssd, source=file, cpu=cpu, uvm=uvm)
     check_limits(hardware, file)
     return hardware
+
+
+def _uvm_from(uvm_r: Reader, file: str, has_ssd: bool) -> Uvm:
+    """The ``uvm`` section (R30, R35): every field optional, defaults as in Uvm."""
+    uvm_r.reject_unknown({"block", "fault_latency_us", "fault_batch_blocks", "backing", "host_cache"})
+    block = parse_size(uvm_r.get("block", DEFAULT_UVM.block_bytes), uvm_r.path("block"), file)
+    if block <= 0:
+        raise uvm_r.error("block", "must be > 0")
+    batch = uvm_r.get("fault_batch_blocks", DEFAULT_UVM.fault_batch_blocks)
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1_000_000:
+        raise uvm_r.error("fault_batch_blocks", f"expected an integer from 1 to 10^6, got {batch!r}")
+    backing = uvm_r.string("backing", default=DEFAULT_UVM.backing, choices=UVM_BACKINGS)
+    if backing == "ssd" and not has_ssd:
+        raise uvm_r.error("backing", "ssd backing needs an ssd section")
+    cache = uvm_r.get("host_cache", None)
+    cache_bytes = None if cache is None else parse_size(cache, uvm_r.path("host_cache"), file)
+    if backing == "ssd" and cache_bytes is None:
+        raise uvm_r.error("host_cache", "ssd backing needs the size of the host page cache (R35; 0 for none)")
+    return Uvm(block_bytes=block, fault_latency_us=uvm_r.number("fault_latency_us",
+                                                                 default=DEFAULT_UVM.fault_latency_us),
+               fault_batch_blocks=batch, backing=backing, host_cache_bytes=cache_bytes)
 
 
 def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:
@@ -153,7 +198,7 @@ def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:
     bandwidths above 0 (at least 1 byte/s once rounded to bytes per second, R3) and at
     most 10^6 GB/s. InputError naming the field otherwise."""
     sizes = [("gpu.memory", hardware.gpu.memory_bytes), ("host.memory", hardware.host.memory_bytes)]
-    latencies = [("pcie.latency_us", hardware.pcie.latency_us)]
+    latencies = [("pcie.latency_us", hardware.pcie.latency_us), ("uvm.fault_latency_us", hardware.uvm.fault_latency_us)]
     rates = [("pcie.h2d_gbps", hardware.pcie.h2d_gbps), ("pcie.d2h_gbps", hardware.pcie.d2h_gbps),
              ("gpu.hbm_gbps", hardware.gpu.hbm_gbps)]
     if hardware.ssd is not None:
@@ -163,6 +208,9 @@ def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:
     if hardware.cpu is not None:
         latencies.append(("cpu.launch_us", hardware.cpu.launch_us))
         rates += [("cpu.tflops", hardware.cpu.tflops), ("cpu.mem_gbps", hardware.cpu.mem_gbps)]
+    sizes.append(("uvm.block", hardware.uvm.block_bytes))
+    if hardware.uvm.host_cache_bytes is not None:
+        sizes.append(("uvm.host_cache", hardware.uvm.host_cache_bytes))
     for where, value in sizes:
         if value >= MAX_BYTES:
             raise InputError(file, where, f"{value} bytes is too large: at most 2^53 - 1 (R23)")

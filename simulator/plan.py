@@ -22,6 +22,7 @@ from .units import MAX_BYTES, MAX_COUNT
 
 FORMAT = "swapplan-plan/1"
 ACTION_KINDS = ("offload", "prefetch", "drop", "recompute", "load", "store")
+MEMORY_MODES = ("explicit", "uvm")   # explicit copies (R1-R28), or CUDA managed memory (R30-R37)
 HOST_KINDS = ("load", "store")   # SSD <-> host memory, for ops on the CPU (R26)
 TIERS = ("host", "ssd")
 
@@ -116,12 +117,20 @@ class Plan:
     initial: dict[str, str] = field(default_factory=dict)
     predicted: dict | None = None
     cpu_ops: tuple[str, ...] = ()              # ops run on the host CPU (R24)
+    memory: str = "explicit"                   # "uvm": every tensor in managed memory (R30-R37)
+    read_mostly: tuple[str, ...] = ()          # UVM: tensors advised read-mostly (R34)
+    uvm_backing: str | None = None             # UVM: "host" | "ssd" (R35); None: the machine's uvm.backing
     origin: str = field(default="<plan>", compare=False)
 
     @property
     def uses_cpu(self) -> bool:
         """Does the plan place ops on the CPU or move tensors between SSD and host?"""
         return bool(self.cpu_ops) or any(a.kind in HOST_KINDS for a in self.actions)
+
+    @property
+    def uvm(self) -> bool:
+        """Is the plan in UVM mode (R30-R37: the Python engine runs it, not the C path)?"""
+        return self.memory == "uvm"
 
     def to_dict(self) -> dict:
         profile = {"name": self.profile_name}
@@ -140,6 +149,12 @@ class Plan:
         }
         if self.cpu_ops:
             data["cpu_ops"] = list(self.cpu_ops)
+        if self.memory != "explicit":
+            data["memory"] = self.memory
+        if self.read_mostly:
+            data["read_mostly"] = list(self.read_mostly)
+        if self.uvm_backing is not None:
+            data["uvm_backing"] = self.uvm_backing
         return data
 
 
@@ -208,6 +223,9 @@ def plan_from_dict(data, file: str = "<plan>") -> Plan:
         initial=dict(data.get("initial") or {}),
         predicted=data.get("predicted"),
         cpu_ops=tuple(data.get("cpu_ops") or ()),
+        memory=data.get("memory", "explicit"),
+        read_mostly=tuple(data.get("read_mostly") or ()),
+        uvm_backing=data.get("uvm_backing"),
         origin=file,
     )
 
@@ -357,6 +375,18 @@ def check_plan(plan: Plan, profile: Profile, has_ssd: bool = True, has_cpu: bool
     if plan.cpu_ops and not has_cpu:
         raise InputError(file, "cpu_ops", "the hardware describes no CPU (a `cpu` section: tflops, mem_gbps, "
                                           "launch_us) to run these ops on")
+    if plan.memory not in MEMORY_MODES:
+        raise InputError(file, "memory", f"must be one of {', '.join(MEMORY_MODES)}, not {plan.memory!r}")
+    if plan.read_mostly and plan.memory != "uvm":
+        raise InputError(file, "read_mostly", 'read-mostly advice is for plans with "memory": "uvm" (R34)')
+    if plan.uvm_backing is not None:
+        if plan.memory != "uvm" or plan.uvm_backing not in TIERS:
+            raise InputError(file, "uvm_backing", 'must be host or ssd, in a plan with "memory": "uvm" (R35)')
+        if plan.uvm_backing == "ssd" and not has_ssd:
+            raise InputError(file, "uvm_backing", "the hardware has no SSD")
+    for i, tid in enumerate(plan.read_mostly):
+        if tid not in tensors:
+            raise InputError(file, f"read_mostly[{i}]", f"unknown tensor {tid!r}")
     seen = set()
     for i, op_id in enumerate(plan.cpu_ops):
         if op_id not in op_index:

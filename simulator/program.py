@@ -81,6 +81,9 @@ class Program:
     cpu_ps: dict = None                  # CPU item -> its time in ps (R25)
     deps: dict = None                    # item -> the latest item of the other stream it waits for (R27)
     host_waits: dict = None              # CPU item -> transfers that wrote its host copies (R26)
+    uvm: bool = False                    # managed memory (R30-R37): simulator/uvm.py compiled it
+    read_mostly: frozenset = frozenset()  # UVM: tensor ids advised read-mostly (R34)
+    backing: str = "host"                # UVM: the tier behind managed memory (R35)
 
 
 def compute_sequence(profile: Profile, compiled: CompiledProfile, plan: Plan) -> Sequence:
@@ -123,6 +126,9 @@ def compile_program(profile: Profile, compiled: CompiledProfile, plan: Plan, mac
     the plan, not the profile. Raises PlanInvalid (rule, op, tensor, reason). Assumes
     ``check_plan`` passed (ids are known, SSD actions have an SSD).
     """
+    if plan.memory == "uvm":
+        from .uvm import compile_uvm   # R30-R37: the static rules of UVM mode
+        return compile_uvm(profile, compiled, plan, machine)
     check_plan_rules(profile, plan)
     program = _Compiler(profile, compiled, plan, machine).compile()
     if plan.cpu_ops:

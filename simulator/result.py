@@ -50,6 +50,7 @@ class Result:
     stall_us: float = 0.0
     stall_data_us: float = 0.0
     stall_memory_us: float = 0.0
+    stall_fault_us: float = 0.0                       # UVM (R31): waits for fault batches and their write-backs
     tail_us: float = 0.0
     peak_bytes: int = 0
     peak_at_us: float = 0.0
@@ -64,6 +65,10 @@ class Result:
     ssd_peak_bytes: int = 0
     transfers: int = 0
     recomputes: int = 0
+    faults: int = 0                                  # UVM (R37): fault batches
+    fault_bytes: int = 0                             # UVM: bytes they moved
+    evictions: int = 0                               # UVM: blocks evicted (written back or discarded)
+    writeback_bytes: int = 0                         # UVM: bytes evictions wrote back
     stall_by_op: dict = field(default_factory=dict)   # op id -> {"data_us", "memory_us"}
     progress: float = 1.0                            # share of the compute sequence that ran (0 if invalid)
     blocked: dict | None = None                      # infeasible: what waits and why

@@ -1,0 +1,745 @@
+"""Unified memory (R30-R37 of docs/simulation.md): plans with ``"memory": "uvm"``.
+
+In UVM mode the GPU is a cache of managed memory, as with cudaMallocManaged: a tensor
+that is not on the GPU when an item needs it faults in, a full GPU evicts, and the
+plan's actions are migration hints. The event loop is simulator/engine.py's (``_UvmRun``
+drives the same compute stream, the same FIFO streams ``h2d`` and ``d2h``, the same link
+capacities); this module holds the two parts that differ from the explicit mode:
+
+- ``compile_uvm``: the static rules of a UVM plan (which actions it may hold, offload
+  windows, what waits for what), producing the ``Program`` the engine runs;
+- ``UvmMemory``: the memory policy: tensors cut into blocks, residency as runs of
+  blocks that arrived together (each with its arrival stamp), eviction by arrival
+  order skipping pinned tensors, the committed-byte ledger that decides room, and the
+  backing tier's (host's) use;
+- ``fault_schedule``: when the fault batches of one item (or the flow of one prefetch)
+  can run, given the write-backs that make their room.
+
+Why fault batches are not events. A fault batch runs on ``h2d`` and a write-back on
+``d2h``, each stream one transfer at a time, and in UVM mode nothing else crosses
+``pcie_down`` or ``pcie_up`` while they run (hints queue on the same two streams), so no
+flow ever shares a link: a batch takes its latency plus ceil(bytes x 10^12 / capacity)
+ps, exactly what the engine's max-min sharing gives a lone flow. Nor does anything
+else take GPU memory while an item's batches run (the compute stream waits for them,
+and ``h2d``, the only other stream that allocates, is theirs). So the whole train of an
+item's write-backs and batches is computed when the item's room is decided, with the
+recurrence ``end_i = max(end_(i-1), room_i) + duration_i``, instead of one event per
+2 MiB block: tens of thousands of blocks per iteration of a large model.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections import OrderedDict
+from heapq import heappop, heappush
+from itertools import accumulate, count
+
+from .compiled import PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD_WRITE_LINK, CompiledProfile, Machine
+from .plan import Plan
+from .profile import Profile
+
+PS_PER_S = 10**12
+
+
+# ----------------------------------------------------------------------------- compile
+
+
+def compile_uvm(profile: Profile, compiled: CompiledProfile, plan: Plan, machine: Machine):
+    """The static rules of a UVM plan (R33, R36, and v2's R11, R12, R20, R21 as R33 keeps
+    them); raises PlanInvalid. Returns a ``Program`` with ``uvm`` set.
+
+    In UVM mode recomputes, ``load``, ``store`` and ops on the CPU are not modelled
+    (invalid); offloads and prefetches name the backing tier; ``initial`` places
+    persistent tensors in the backing tier. R13 (a use of a tensor that is not resident)
+    and R20 (steady state) do not apply: a use faults, and R36 runs two iterations.
+    """
+    from .program import Drop, PlanInvalid, Program, Transfer, check_plan_rules, compute_sequence
+
+    backing = plan.uvm_backing or machine.uvm.backing
+    check_plan_rules(profile, plan)   # R21, R20 (initial: persistent only), R15 (persistent recompute)
+    for action in plan.actions:
+        if action.kind in ("recompute", "load", "store"):
+            raise PlanInvalid("R33", action.before if action.kind == "recompute" else action.after, action.tensor,
+                              f"{action.kind} of {action.tensor!r}: UVM mode models no recomputes and no "
+                              "SSD <-> host moves; its actions are offload and prefetch hints (and drops of "
+                              "read-mostly tensors)")
+    if plan.cpu_ops:
+        raise PlanInvalid("R33", plan.cpu_ops[0], None, "ops on the CPU (cpu_ops) are not modelled in UVM mode")
+    for tid, tier in plan.initial.items():
+        if tier != backing:
+            raise PlanInvalid("R36", None, tid, f"{tid!r} starts in {tier}, but managed memory is backed by "
+                                                f"{backing} (the plan's uvm_backing, else the machine's uvm.backing)")
+    seq = compute_sequence(profile, compiled, plan)
+    tensors, uses, op_item = profile.tensor_by_id, seq.uses, seq.op_item
+    read_mostly = frozenset(plan.read_mostly)
+    route_in, route_out = machine.route("prefetch", "host"), machine.route("offload", "host")
+
+    def where(k: int) -> str:
+        return seq.group[k] if k >= 0 else "iteration start"
+
+    def invalid(rule: str, k: int, tid: str, reason: str):
+        return PlanInvalid(rule, seq.group[k] if k >= 0 else None, tid, reason)
+
+    def life(tid: str) -> tuple[int, int] | None:
+        """(producer item, last item it lives through) of a non-persistent tensor."""
+        if tensors[tid].persistent:
+            return None
+        made = op_item[profile.ops[profile.producer[tid]].id]
+        used = uses.get(tid)
+        return made, used[-1] if used else made
+
+    def check_alive(tid: str, k: int, what: str, rule: str) -> None:
+        span = life(tid)
+        if span is None:
+            return
+        if k < span[0]:
+            raise invalid(rule, k, tid, f"{what} of {tid!r} after {where(k)}: it is not produced yet")
+        if k >= span[1]:
+            raise invalid(rule, k, tid, f"{what} of {tid!r} after {where(k)}: it is freed after its last use")
+
+    update_items: dict[str, list[int]] = {}
+
+    def updated_in(tid: str, lo: int, hi: int) -> int | None:
+        """The first item in (lo, hi] that updates tid, if any."""
+        items = update_items.get(tid)
+        if items is None:
+            items = update_items[tid] = sorted(op_item[profile.ops[u].id] for u in profile.updaters[tid])
+        i = bisect_right(items, lo)
+        return items[i] if i < len(items) and items[i] <= hi else None
+
+    open_window: dict[str, tuple] = {}     # tensor -> (offload, issue item)
+    last_offload: dict[str, object] = {}
+
+    def close(tid: str, upto: int) -> None:
+        """R11: the window of tid's open offload runs over items (k, upto]; reads there
+        are its readers, an update there breaks the rule."""
+        transfer, k = open_window.pop(tid)
+        bad = updated_in(tid, k, upto)
+        if bad is not None:
+            raise invalid("R11", bad, tid, f"op {seq.group[bad]!r} updates {tid!r} during its offload window")
+        used = uses.get(tid, [])
+        i = bisect_right(used, upto) - 1
+        transfer.last_reader = used[i] if i >= 0 and used[i] > k else -1
+
+    transfers: list = []
+    waits: dict[int, list] = {}
+    actions_at: dict[int, list] = {}
+    start_actions: list = []
+    order = sorted(range(len(plan.actions)),
+                   key=lambda i: (-1 if plan.actions[i].after is None else op_item[plan.actions[i].after], i))
+    for i in order:
+        action = plan.actions[i]
+        tid = action.tensor
+        k = -1 if action.after is None else op_item[action.after]
+        sink = start_actions if k < 0 else actions_at.setdefault(k, [])
+        nbytes = tensors[tid].bytes
+        if action.kind == "drop":
+            if tid in open_window:
+                raise invalid("R14", k, tid, f"drop of {tid!r} after {where(k)}: inside the window of its offload, "
+                                             "which releases the GPU copy itself")
+            if tid not in read_mostly or profile.updaters[tid]:
+                raise invalid("R33", k, tid, f"drop of {tid!r} after {where(k)}: in UVM mode only a read-mostly "
+                                             "tensor that no op updates keeps a valid backing copy to drop to")
+            check_alive(tid, k, "drop", "R14")
+            sink.append(Drop(i, tid))
+        elif action.kind == "offload":
+            if action.to != backing:
+                raise invalid("R33", k, tid, f"offload of {tid!r} to {action.to}: managed memory is backed by "
+                                             f"{backing} here")
+            check_alive(tid, k, "offload", "R11")
+            if tid in open_window:
+                raise invalid("R11", k, tid, f"offload of {tid!r} after {where(k)}: it is already being offloaded")
+            transfer = Transfer(len(transfers), i, "offload", tid, nbytes, backing, route_out, -1, -1, -1,
+                                action.after)
+            open_window[tid] = (transfer, k)
+            last_offload[tid] = transfer
+            transfers.append(transfer)
+            sink.append(transfer)
+        else:   # prefetch
+            if action.source != backing:
+                raise invalid("R33", k, tid, f"prefetch of {tid!r} from {action.source}: managed memory is backed "
+                                             f"by {backing} here")
+            before_item = -1
+            if action.before is not None:
+                before_item = seq.group_start[action.before]
+                if before_item <= k:
+                    raise invalid("R12", k, tid, f"prefetch of {tid!r}: before op {action.before!r} does not "
+                                                 f"come after {where(k)}")
+                if not tensors[tid].persistent and bisect_left(uses.get(tid, []), before_item) >= len(uses.get(tid, [])):
+                    raise invalid("R12", k, tid, f"prefetch of {tid!r}: it is not used at or after "
+                                                 f"op {action.before!r}")
+            elif not tensors[tid].persistent:
+                raise invalid("R12", k, tid, f"prefetch of {tid!r} with before=null: only persistent tensors can "
+                                             "be returned by the end of the iteration")
+            check_alive(tid, k, "prefetch", "R12")
+            if tid in open_window:
+                close(tid, k)
+            source = last_offload.get(tid)
+            transfer = Transfer(len(transfers), i, "prefetch", tid, nbytes, backing, route_in,
+                                -1 if source is None else source.index, -1, before_item, action.after)
+            if before_item >= 0:
+                waits.setdefault(before_item, []).append(transfer)
+            transfers.append(transfer)
+            sink.append(transfer)
+    for tid in list(open_window):
+        close(tid, len(seq))
+    releases: dict[int, list] = {}
+    for transfer in transfers:
+        if transfer.kind == "offload" and transfer.last_reader >= 0:
+            releases.setdefault(transfer.last_reader, []).append(transfer)
+    return Program(seq=seq, waits=waits, releases=releases, actions=actions_at, start_actions=start_actions,
+                   transfers=transfers, initial_copies=dict(plan.initial), uvm=True, read_mostly=read_mostly,
+                   backing=backing)
+
+
+# ----------------------------------------------------------------------------- residency
+
+
+class PageCache:
+    """R35: with SSD backing, host memory is a page cache of whole blocks in front of a
+    file on the SSD, least recently arrived first out. A block that migrates to the GPU
+    leaves it (it is on the GPU or in the backing tier, never both); a block written
+    back arrives in it, after the cache has written its least recently arrived block to
+    the SSD when it is full (on ``ssd_write``, one at a time, at the SSD's write speed
+    after its latency). Everything not on the GPU nor in the cache is in the file."""
+
+    def __init__(self, capacity: int, machine: Machine):
+        self.capacity = capacity
+        self.used = 0
+        self.peak = 0
+        self.blocks: OrderedDict = OrderedDict()     # (tensor, block) -> bytes, in arrival order
+        self.of: dict[int, set] = {}
+        self.ssd_free = 0                            # ps: the SSD's write stream is busy until then
+        self.write_rate = machine.link_capacity[SSD_WRITE_LINK]
+        self.latency = machine.uvm.ssd_latency_ps
+        self.written = self.write_busy = 0
+
+    def take(self, t: int, b: int) -> bool:
+        """Block b of t migrates to the GPU: True when it came from the cache (a hit)."""
+        size = self.blocks.pop((t, b), None)
+        if size is None:
+            return False
+        self.used -= size
+        self.of[t].discard(b)
+        return True
+
+    def insert(self, t: int, b: int, size: int, now: int) -> int:
+        """Block b of t arrives (a write-back); returns when its room in the cache is
+        there (now, unless blocks had to be written to the SSD first)."""
+        ready = now
+        while self.blocks and self.used + size > self.capacity:
+            (vt, vb), vsize = self.blocks.popitem(last=False)
+            self.of[vt].discard(vb)
+            self.used -= vsize
+            ready = self._write(vsize, now)
+        if size > self.capacity:           # no room at all: it goes through to the SSD
+            return self._write(size, now)
+        self.blocks[(t, b)] = size
+        self.of.setdefault(t, set()).add(b)
+        self.used += size
+        self.peak = max(self.peak, self.used)
+        return ready
+
+    def _write(self, size: int, now: int) -> int:
+        busy = self.latency + -(-size * PS_PER_S // self.write_rate)
+        self.ssd_free = max(self.ssd_free, now) + busy
+        self.written += size
+        self.write_busy += busy
+        return self.ssd_free
+
+    def drop_tensor(self, t: int) -> None:
+        """A dead tensor's cached blocks go (R7)."""
+        for b in self.of.pop(t, ()):
+            self.used -= self.blocks.pop((t, b))
+
+
+class Run:
+    """Blocks ``first`` to ``last - 1`` of tensor ``t`` (its position in the profile),
+    resident since the same instant; ``clean`` when their backing copy is valid (R34),
+    so that evicting them is a discard."""
+    __slots__ = ("t", "first", "last", "clean", "alive", "stamp")
+
+    def __init__(self, t: int, first: int, last: int, clean: bool, stamp: int = 0):
+        self.t, self.first, self.last, self.clean, self.alive, self.stamp = t, first, last, clean, True, stamp
+
+
+class UvmMemory:
+    """GPU memory as a cache of managed memory (R30-R34), and the backing tier's use.
+
+    Residency is kept per tensor as runs of blocks that arrived together; a heap orders
+    the runs by (arrival stamp, tensor position, first block; then the order they were
+    pushed, which only separates a dead run from a live one), so the victim of R32 is
+    the lowest block of the first run in the heap whose tensor is not pinned. A stamp is
+    the absolute time of the arrival (iteration 2 continues iteration 1's clock, R36).
+
+    ``ledger`` is the GPU memory committed: resident blocks, workspaces of running
+    items, and room that an item or a prefetch has been given when its room was
+    decided; evicted blocks leave it when they are handed over as room (the part of the
+    last write-back's block that the requester does not need comes back when that
+    write-back ends, as a credit). Room is decided against ``budget - ledger``; the peak
+    reported is the ledger's (R4, as UVM mode reads it: docs/simulation.md).
+    """
+
+    def __init__(self, compiled: CompiledProfile, machine: Machine, budget: int, read_mostly: frozenset,
+                 host_capacity: int, backing: str = "host"):
+        self.block = block = machine.uvm.block
+        ids = compiled.tensor_ids
+        self.ids = ids
+        self.index = compiled.tensor_index
+        sizes = [compiled.tensor_bytes[t] for t in ids]
+        self.nbytes = sizes
+        self.nblocks = [-(-n // block) for n in sizes]
+        self.tail = [n - (b - 1) * block if b else 0 for n, b in zip(sizes, self.nblocks)]
+        self.runs: list[list[Run]] = [[] for _ in ids]
+        self.resident = [0] * len(ids)
+        self.resident_total = 0
+        self.pins = [0] * len(ids)
+        self.pinned: set[int] = set()
+        self.heap: list = []                # (stamp, tensor, first block, push count, run): R32's order
+        self.order = count()
+        self.budget = budget
+        self.ledger = 0
+        self.credits: list = []            # (time, bytes) coming back to the ledger
+        self.peak = 0
+        self.peak_at = 0
+        self.samples: list | None = None
+        self.read_mostly = bytearray(len(ids))
+        for tid in read_mostly:
+            self.read_mostly[self.index[tid]] = 1
+        self.host = 0
+        self.host_peak = 0
+        self.host_capacity = host_capacity
+        self.epoch = 0                     # stamps: epoch + now (R36's second iteration goes on counting)
+        self.reset_counts()
+        up, down = machine.link_capacity[PCIE_UP], machine.link_capacity[PCIE_DOWN]
+        self.up, self.down = up, down
+        self.fault_ps = machine.uvm.fault_latency_ps
+        self.batch_blocks = machine.uvm.batch_blocks
+        self._wb_full = -(-block * PS_PER_S // up)
+        self._in_full = self.fault_ps + -(-block * PS_PER_S // down)
+        self.cache: PageCache | None = None          # R35: SSD backing
+        self.written_blocks: list = []               # with a cache: (tensor, first, count) evict() wrote back
+        if backing == "ssd":
+            size = machine.uvm.host_cache if machine.uvm.host_cache is not None else host_capacity
+            self.cache = PageCache(size, machine)
+            self.ssd_in = min(down, machine.link_capacity[SSD_READ_LINK])
+            self.ssd_read_latency = machine.uvm.ssd_latency_ps
+
+    def reset_counts(self) -> None:
+        """The R37 counters (and R35's), for one iteration."""
+        self.faults = self.fault_bytes = self.evictions = self.writeback_bytes = 0
+        self.ssd_read_bytes = 0
+        cache = getattr(self, "cache", None)
+        if cache is not None:
+            cache.written = cache.write_busy = cache.ssd_free = 0
+            cache.peak = cache.used
+
+    # ------------------------------------------------------------------ runs
+
+    def run_bytes(self, run: Run) -> int:
+        n = (run.last - run.first) * self.block
+        if run.last == self.nblocks[run.t]:
+            n -= self.block - self.tail[run.t]
+        return n
+
+    def range_bytes(self, t: int, first: int, last: int) -> int:
+        n = (last - first) * self.block
+        if last == self.nblocks[t]:
+            n -= self.block - self.tail[t]
+        return n
+
+    def add_run(self, t: int, first: int, last: int, stamp: int, clean: bool) -> int:
+        run = Run(t, first, last, clean, stamp)
+        self.runs[t].append(run)
+        heappush(self.heap, (stamp, t, first, next(self.order), run))
+        nbytes = self.range_bytes(t, first, last)
+        self.resident[t] += nbytes
+        self.resident_total += nbytes
+        return nbytes
+
+    def add_outputs(self, tensors, stamp: int) -> None:
+        """First touch (R31): an item's outputs become resident whole, with no backing copy."""
+        heap, runs, nbytes, nblocks, resident = self.heap, self.runs, self.nbytes, self.nblocks, self.resident
+        total = 0
+        for t in tensors:
+            if nblocks[t]:
+                run = Run(t, 0, nblocks[t], False, stamp)
+                runs[t].append(run)
+                heappush(heap, (stamp, t, 0, next(self.order), run))
+                resident[t] += nbytes[t]
+                total += nbytes[t]
+        self.resident_total += total
+
+    def missing(self, t: int) -> list[tuple[int, int]]:
+        """The block ranges of tensor t that are not on the GPU, in block order."""
+        runs = self.runs[t]
+        if not runs:
+            return [(0, self.nblocks[t])] if self.nblocks[t] else []
+        out, at = [], 0
+        for run in sorted(runs, key=lambda r: r.first):
+            if run.first > at:
+                out.append((at, run.first))
+            at = run.last
+        if at < self.nblocks[t]:
+            out.append((at, self.nblocks[t]))
+        return out
+
+    def pin(self, ts) -> None:
+        for t in ts:
+            self.pins[t] += 1
+            self.pinned.add(t)
+
+    def unpin(self, ts) -> None:
+        for t in ts:
+            self.pins[t] -= 1
+            if not self.pins[t]:
+                self.pinned.discard(t)
+
+    def evictable(self) -> int:
+        """Resident bytes that R32 may evict now (those of unpinned tensors)."""
+        return self.resident_total - sum(self.resident[t] for t in self.pinned)
+
+    def evict(self, deficit: int) -> tuple[list[int], list[int], int]:
+        """R32: evict unpinned blocks in arrival order until ``deficit`` bytes are found
+        (the caller checked ``evictable``). Returns the sizes of the blocks to write
+        back, in order, the places in that list of blocks that are not full (a tensor's
+        last block), and the bytes discarded (blocks with a valid backing copy)."""
+        heap, block, pins = self.heap, self.block, self.pins
+        got = discarded = 0
+        writes: list[int] = []
+        odd: list[int] = []
+        stash = []
+        while got < deficit:
+            entry = heap[0]
+            run = entry[4]
+            if not run.alive:
+                heappop(heap)
+                continue
+            t = run.t
+            if pins[t]:
+                stash.append(heappop(heap))
+                continue
+            count = run.last - run.first
+            whole = self.run_bytes(run)
+            k = count if got + whole <= deficit else -(-(deficit - got) // block)
+            if k == count:
+                taken = whole
+                heappop(heap)
+                run.alive = False
+                self.runs[t].remove(run)
+            else:
+                taken = k * block      # blocks below the run's last one: full ones
+            if run.clean:
+                discarded += taken
+            else:
+                if run.first + k == self.nblocks[t] and self.tail[t] != block:
+                    writes.extend([block] * (k - 1))
+                    odd.append(len(writes))
+                    writes.append(self.tail[t])
+                else:
+                    writes.extend([block] * k)
+                self.host += taken
+                if self.cache is not None:
+                    self.written_blocks.append((t, run.first, k))
+            run.first += k
+            self.resident[t] -= taken
+            self.resident_total -= taken
+            self.evictions += k
+            got += taken
+        for entry in stash:
+            heappush(heap, entry)
+        self.writeback_bytes += got - discarded
+        if self.host > self.host_peak:
+            self.host_peak = self.host
+        return writes, odd, discarded, got - discarded
+
+    def drop_blocks(self, t: int, blocks: list[int]) -> int:
+        """The blocks ``blocks`` (sorted) of t leave the GPU (an oversubscribed item evicted
+        them, R32); returns their resident bytes. A run they cut in two goes on as two
+        runs with its stamp. The ledger is the caller's."""
+        gone = 0
+        kept: list[Run] = []
+        for run in self.runs[t]:
+            lo, hi = bisect_left(blocks, run.first), bisect_left(blocks, run.last)
+            if lo == hi:
+                kept.append(run)
+                continue
+            pieces, at = [], run.first
+            for b in blocks[lo:hi]:
+                if b > at:
+                    pieces.append((at, b))
+                at = b + 1
+            if at < run.last:
+                pieces.append((at, run.last))
+            gone += self.run_bytes(run)
+            if not pieces:
+                run.alive = False
+                continue
+            run.first, run.last = pieces[0]
+            kept.append(run)
+            for first, last in pieces[1:]:
+                extra = Run(t, first, last, run.clean, run.stamp)
+                kept.append(extra)
+                heappush(self.heap, (run.stamp, t, first, next(self.order), extra))
+            gone -= sum(self.range_bytes(t, first, last) for first, last in pieces)
+        self.runs[t] = kept
+        self.resident[t] -= gone
+        self.resident_total -= gone
+        return gone
+
+    def free_tensor(self, t: int, now: int) -> None:
+        """R7 in UVM mode: a dead tensor's blocks go at once, GPU and backing alike."""
+        resident = self.resident[t]
+        clean = 0
+        for run in self.runs[t]:
+            run.alive = False
+            if run.clean:
+                clean += self.run_bytes(run)
+        self.runs[t] = []
+        if self.cache is not None:
+            self.cache.drop_tensor(t)
+        self.host -= self.nbytes[t] - resident + clean
+        self.resident[t] = 0
+        self.resident_total -= resident
+        self.commit(-resident, now)
+
+    def release_clean(self, t: int, now: int) -> None:
+        """An offload's release (R11, R33): t's blocks with a valid backing copy leave the
+        GPU (blocks faulted back in since, with no backing copy, stay)."""
+        kept, gone = [], 0
+        for run in self.runs[t]:
+            if run.clean:
+                run.alive = False
+                gone += self.run_bytes(run)
+            else:
+                kept.append(run)
+        self.runs[t] = kept
+        self.resident[t] -= gone
+        self.resident_total -= gone
+        self.commit(-gone, now)
+
+    def dirty(self, t: int) -> None:
+        """R16: an update makes t's backing copy stale: its resident blocks need write-back."""
+        for run in self.runs[t]:
+            if run.clean:
+                run.clean = False
+                self.host -= self.run_bytes(run)
+
+    def dirty_runs(self, t: int) -> list[Run]:
+        """t's resident runs with no valid backing copy (what an offload hint copies)."""
+        return [run for run in self.runs[t] if not run.clean]
+
+    # ------------------------------------------------------------------ the ledger
+
+    def commit(self, delta: int, now: int) -> None:
+        self.ledger += delta
+        if self.ledger > self.peak:
+            self.peak, self.peak_at = self.ledger, now
+        if self.samples is not None:
+            if self.samples and self.samples[-1][0] == now:
+                self.samples[-1] = (now, self.ledger)
+            else:
+                self.samples.append((now, self.ledger))
+
+    def take_credits(self, now: int) -> None:
+        while self.credits and self.credits[0][0] <= now:
+            self.commit(-heappop(self.credits)[1], now)
+
+    def host_add(self, nbytes: int) -> None:
+        self.host += nbytes
+        if self.host > self.host_peak:
+            self.host_peak = self.host
+
+    def largest(self, n: int = 5) -> list[dict]:
+        top = sorted((i for i, r in enumerate(self.resident) if r), key=lambda i: (-self.resident[i], self.ids[i]))[:n]
+        return [{"tensor": self.ids[i], "bytes": self.resident[i]} for i in top]
+
+    # ------------------------------------------------------------------ room
+
+    def make_room(self, need: int, now: int):
+        """R31, R32: room for ``need`` bytes, decided at ``now``: the bytes free, then
+        evictions (discards at once, write-backs on ``d2h``). Returns (bytes usable at
+        once, the sizes of the blocks to write back in order, their durations in ps,
+        the bytes of the last write-back's block the requester does not need, and the
+        write-backs' total bytes and time) or None when even evicting every unpinned
+        block would not do. The caller schedules the write-backs and, when the
+        requester does not need all of the last block, credits that part back at the
+        last write-back's end (``credit``)."""
+        free = self.budget - self.ledger
+        if need <= free:
+            self.commit(need, now)
+            return free, (), (), 0, 0, 0
+        deficit = need - free
+        if self.evictable() < deficit:
+            return None
+        writes, odd, discarded, wb_total = self.evict(deficit)
+        ready = free + discarded
+        leftover = busy = 0
+        durations: list[int] = []
+        if writes:
+            full = self._wb_full
+            durations = [full] * len(writes)
+            busy = full * (len(writes) - len(odd))
+            for i in odd:
+                durations[i] = -(-writes[i] * PS_PER_S // self.up)
+                busy += durations[i]
+            leftover = ready + wb_total - need
+        # the ledger: the requester's room in, the evicted blocks out (handed over as room)
+        self.commit(need - discarded - wb_total + leftover, now)
+        return ready, writes, durations, leftover, wb_total, busy
+
+    def credit(self, at: int, nbytes: int) -> None:
+        """``nbytes`` leave the ledger at ``at`` (a write-back's end)."""
+        heappush(self.credits, (at, nbytes))
+
+    def fault_blocks(self, ranges: list[tuple[int, int, int]]) -> tuple[list[int], list[int]]:
+        """The fault batches of block ranges (tensor, first, last), in order (R31):
+        their sizes and durations (fault latency + flow over ``pcie_down``)."""
+        block, g = self.block, self.batch_blocks
+        full = self._in_full
+        sizes: list[int] = []
+        durations: list[int] = []
+        if self.cache is not None:
+            return self._fault_blocks_cached(ranges)
+        if g == 1:
+            for t, first, last in ranges:
+                if last == self.nblocks[t] and self.tail[t] != block:
+                    sizes.extend([block] * (last - first - 1))
+                    durations.extend([full] * (last - first - 1))
+                    sizes.append(self.tail[t])
+                    durations.append(self.fault_ps + -(-self.tail[t] * PS_PER_S // self.down))
+                else:
+                    sizes.extend([block] * (last - first))
+                    durations.extend([full] * (last - first))
+            return sizes, durations
+        for t, first, last in ranges:
+            if last == self.nblocks[t]:
+                sizes.extend([block] * (last - first - 1))
+                sizes.append(self.tail[t])
+            else:
+                sizes.extend([block] * (last - first))
+        sizes = [sum(sizes[i:i + g]) for i in range(0, len(sizes), g)]
+        latency, down = self.fault_ps, self.down
+        return sizes, [latency + -(-size * PS_PER_S // down) for size in sizes]
+
+    def _fault_blocks_cached(self, ranges) -> tuple[list[int], list[int]]:
+        """R35: a batch whose blocks are all in the page cache moves over ``pcie_down``
+        alone; otherwise it is one flow over ``ssd_read_link`` and ``pcie_down`` with
+        the SSD's latency added. The blocks leave the cache for the GPU."""
+        cache, block, g = self.cache, self.block, self.batch_blocks
+        sizes, hits = [], []
+        for t, first, last in ranges:
+            for b in range(first, last):
+                sizes.append(self.tail[t] if b == self.nblocks[t] - 1 else block)
+                hits.append(cache.take(t, b))
+        out_sizes, durations = [], []
+        for i in range(0, len(sizes), g):
+            size = sum(sizes[i:i + g])
+            out_sizes.append(size)
+            if all(hits[i:i + g]):
+                durations.append(self.fault_ps + -(-size * PS_PER_S // self.down))
+            else:
+                self.ssd_read_bytes += size
+                durations.append(self.fault_ps + self.ssd_read_latency + -(-size * PS_PER_S // self.ssd_in))
+        return out_sizes, durations
+
+    def writeback_ends(self, base: int, now: int, writes, durations) -> list[int]:
+        """When each write-back of ``writes`` ends, back to back on ``d2h`` from ``base``;
+        with SSD backing (R35) each waits for its room in the page cache."""
+        if self.cache is None:
+            return list(accumulate(durations, initial=base))[1:]
+        ends, end, i = [], base, 0
+        for t, first, count in self.written_blocks:
+            for b in range(first, first + count):
+                ready = self.cache.insert(t, b, writes[i], now)
+                end = (end if end > ready else ready) + durations[i]
+                ends.append(end)
+                i += 1
+        self.written_blocks = []
+        return ends
+
+    def fault_totals(self, ranges: list[tuple[int, int, int]]) -> tuple[int, int]:
+        """(batches, total duration in ps) of the fault batches of ``ranges`` (R31) with
+        one block a batch (``fault_batch_blocks`` = 1; ``fault_blocks`` otherwise)."""
+        block, full = self.block, self._in_full
+        count = total = 0
+        for t, first, last in ranges:
+            n = last - first
+            count += n
+            if last == self.nblocks[t] and self.tail[t] != block:
+                total += (n - 1) * full + self.fault_ps + -(-self.tail[t] * PS_PER_S // self.down)
+            else:
+                total += n * full
+        return count, total
+
+
+def fault_schedule(now: int, h2d_free: int, ready: int, writes, ends, alloc: int, durations, sizes) -> tuple[int, int]:
+    """R31: when an item's outputs and workspace (``alloc`` bytes) get their room, and
+    when its last fault batch ends. Batch i (``sizes[i]`` bytes, ``durations[i]`` ps
+    with the fault latency) starts once the previous batch ended (the first once
+    ``h2d`` is free) and once its room is there: the bytes usable at once (``ready``)
+    and the write-backs ended so far (``writes``, ending at ``ends``) cover ``alloc``
+    plus batches 1..i. Returns (room time of the outputs, end of the last batch).
+
+    The recurrence ``end_i = max(end_(i-1), room_i) + d_i`` unrolls to
+    ``end_n = D_n + max(base, max_i (room_i - D_(i-1)))`` with D the running sum of the
+    durations; long trains are computed that way with numpy, short ones in a loop."""
+    covered = list(accumulate(writes, initial=ready))[1:] if writes else []
+    alloc_room = now if alloc <= ready else ends[bisect_left(covered, alloc)]
+    end = h2d_free if h2d_free > now else now
+    if not sizes:
+        return alloc_room, end
+    if len(sizes) >= _VECTOR and writes and ends[-1] + sum(durations) < _INT64_SAFE:
+        return alloc_room, _schedule_vector(now, end, ready, covered, ends, alloc, durations, sizes)
+    need, room = alloc, alloc_room
+    for size, duration in zip(sizes, durations):
+        need += size
+        if need > ready:
+            room = ends[bisect_left(covered, need)]
+        end = (end if end > room else room) + duration
+    return alloc_room, end
+
+
+_VECTOR = 96             # trains at least this long are computed with numpy
+_INT64_SAFE = 2**62
+
+
+def _schedule_vector(now: int, base: int, ready: int, covered, ends, alloc: int, durations, sizes) -> int:
+    """The end of the last batch of ``fault_schedule``, in closed form (exact integers)."""
+    import numpy as np
+
+    need = np.cumsum(np.asarray(sizes, dtype=np.int64)) + alloc
+    index = np.searchsorted(np.asarray(covered, dtype=np.int64), need, side="left")
+    ends_array = np.asarray(ends, dtype=np.int64)
+    room = np.where(need <= ready, now, ends_array[np.minimum(index, len(ends) - 1)])
+    d = np.asarray(durations, dtype=np.int64)
+    total = np.cumsum(d)
+    latest = int((room - (total - d)).max())
+    return int(total[-1]) + max(base, latest)
+
+
+def fault_schedule_half(now: int, start: int, ready: int, writes, wb_durations, alloc: int, durations,
+                        sizes) -> tuple[int, int, list[int]]:
+    """``fault_schedule`` on a half-duplex machine: one copy engine, free from ``start``,
+    runs the write-backs and the batches one at a time, each need's write-backs before
+    its batch. Returns (room time of the outputs, end of the last transfer, the
+    write-backs' end times)."""
+    t, avail, j, need = start, ready, 0, alloc
+    ends: list[int] = []
+    while avail < need:
+        t += wb_durations[j]
+        ends.append(t)
+        avail += writes[j]
+        j += 1
+    alloc_room = t if j else now
+    for size, duration in zip(sizes, durations):
+        need += size
+        while avail < need:
+            t += wb_durations[j]
+            ends.append(t)
+            avail += writes[j]
+            j += 1
+        t += duration
+    for duration in wb_durations[j:]:
+        t += duration
+        ends.append(t)
+    return alloc_room, t, ends
