@@ -57,9 +57,12 @@ Here (this module's model, on a coarsened graph):
   was. ResNet-50 (56 nodes, 58 stages) is 1.6k columns and solves in 0.1 s; GPT-2 (120
   of 262 tensors' nodes, 163 stages) is 18k columns.
 
-The solver starts from a knapsack-like solution on the model's own rows (``greedy_start``:
-nodes dropped and recomputed once, cheapest per byte first, while that lowers the bytes
-over the budget, then kept again dearest first while every row holds), when one exists.
+The model (graph, grouping, MILP) is in planner/_checkmate_model.py. The solver starts
+from the cheapest of a few knapsack-like solutions on the model's own rows
+(``greedy_start``: nodes dropped and recomputed once, cheapest per byte first, while that
+lowers the bytes over the budget, then kept again dearest first while every row holds),
+from no node dropped and from the nodes torch-budget's knapsack mostly drops, when one
+exists.
 HiGHS's objective is taken again from the values it returns (1.16 misreported it for an
 incumbent it was given, and stopped on it as optimal; the model is then solved again
 without the start).
@@ -187,10 +190,9 @@ def _checked(solution, form: Formulation, gap: float):
     if solution.values is None:
         return solution
     objective = float(np.dot(form.model.cost, np.round(solution.values)))
-    bound = solution.bound if solution.bound is not None else None
-    found_gap = None if bound is None else max(0.0, (objective - bound) / abs(objective))
+    found_gap = None if solution.bound is None else max(0.0, (objective - solution.bound) / abs(objective))
     status = "optimal" if found_gap is not None and found_gap <= gap + 1e-9 else "feasible"
-    return Solution(status, solution.values, objective, bound, found_gap, solution.model_status)
+    return Solution(status, solution.values, objective, solution.bound, found_gap, solution.model_status)
 
 
 def _hint(profile, hardware, budget) -> set[str]:
