@@ -58,6 +58,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from simulator.errors import InputError
 from simulator.plan import drop, load, offload, prefetch, store
 from simulator.profile import Profile
 
@@ -356,11 +357,9 @@ def _variants(infinity: bool, ahead: int) -> list[Variant]:
 def _plan(profile, hardware, budget_bytes, options, infinity: bool, ahead: int, recompute: bool) -> Draft:
     name = "zero-infinity" if infinity else "zero-offload"
     if hardware.cpu is None:
-        from simulator.errors import InputError
         raise InputError(hardware.source or hardware.name, "cpu", f"{name} runs the optimizer on the host CPU: "
                          "the hardware needs a `cpu` section (tflops, mem_gbps, launch_us)")
     if not any(op.phase == "optimizer" for op in profile.ops):
-        from simulator.errors import InputError
         raise InputError("<profile>", "ops", f"{name}: profile {profile.name!r} has no optimizer ops to run on the CPU")
     tried = []
 

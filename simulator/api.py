@@ -97,7 +97,7 @@ class Simulator:
         with _gc_paused():
             check_plan(plan, self.profile, self.machine.has_ssd, self.machine.cpu is not None)
             budget = self.budget(plan, budget_bytes)
-            if not (record or reference or plan.uses_cpu or plan.uvm) and fastpath.available():
+            if not (record or reference or plan.reference_only) and fastpath.available():
                 result = fastpath.simulate(self.compiled, self.machine, plan, budget)
                 if result is not None:
                     return result
@@ -138,7 +138,7 @@ class Simulator:
     def _score(self, plan: Plan, budget_bytes: int | None) -> Score:
         budget = self.budget(plan, budget_bytes)
         check = partial(check_plan, plan, self.profile, self.machine.has_ssd, self.machine.cpu is not None)
-        if fastpath.available() and not (plan.uses_cpu or plan.uvm):   # the C path has no CPU stream, no UVM   # packing and C check the structure; check_plan words errors
+        if fastpath.available() and not plan.reference_only:   # packing and C check the structure; check_plan words errors
             score = fastpath.score(self.compiled, self.machine, plan, budget, check)
             if score is not None:
                 return score

@@ -132,6 +132,11 @@ class Plan:
         """Is the plan in UVM mode (R30-R37: the Python engine runs it, not the C path)?"""
         return self.memory == "uvm"
 
+    @property
+    def reference_only(self) -> bool:
+        """Only the Python engine runs it: the C fast path has no CPU stream and no UVM."""
+        return self.uvm or self.uses_cpu
+
     def to_dict(self) -> dict:
         profile = {"name": self.profile_name}
         if self.profile_sha256:

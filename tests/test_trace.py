@@ -6,7 +6,6 @@ profile's no-swap peak.
 """
 from __future__ import annotations
 
-import bisect
 import re
 
 import pytest
@@ -17,6 +16,7 @@ transformers = pytest.importorskip("transformers", reason="tracing HF models nee
 from simulator.errors import InputError  # noqa: E402
 from simulator.profile import (  # noqa: E402
     load_profile, profile_from_dict, profile_sha256, save_profile)
+from tests.real_memory import measure_step  # noqa: E402
 from tracer import models  # noqa: E402
 from tracer.torch_trace import TrainStep, state_names, trace  # noqa: E402
 
@@ -265,8 +265,6 @@ def _real_cpu_run(spec: str) -> tuple[int, dict[str, int]]:
     of every allocation and free) and, per phase, the peak of that sum sampled at
     the end of each outermost ATen op (kernel boundaries).
     """
-    from torch.profiler import ProfilerActivity, profile
-
     workload = models.build(spec)
     step = TrainStep(workload, "adamw", gpu_kernels=False)
     gen = torch.Generator().manual_seed(0)
@@ -279,31 +277,7 @@ def _real_cpu_run(spec: str) -> tuple[int, dict[str, int]]:
     batch = [torch.randint(0, HIGH[name], spec_.shape, generator=gen) if spec_.dtype
              else torch.randn(spec_.shape, generator=gen)
              for name, spec_ in workload.inputs.items()]
-    step(params, bufs, states, batch)  # warm-up: one-time allocations stay out
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step(params, bufs, states, batch)
-    events = list(prof.profiler.kineto_results.events())
-    memory = sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns())
-    times, running, total = [], [], 0
-    for e in memory:
-        total += e.nbytes()
-        times.append(e.start_ns())
-        running.append(total)
-    spans = {e.name().split(":", 1)[1]: (e.start_ns(), e.end_ns())
-             for e in events if e.name().startswith("phase:")}
-    aten = sorted((e for e in events if e.name().startswith("aten::")),
-                  key=lambda e: (e.start_ns(), -e.end_ns()))
-    boundary = dict.fromkeys(spans, 0)
-    end = -1
-    for e in aten:
-        if e.start_ns() < end:
-            continue  # nested in the previous outermost op
-        end = e.end_ns()
-        i = bisect.bisect_right(times, end) - 1
-        for phase, (first, last) in spans.items():
-            if first <= e.start_ns() <= last:
-                boundary[phase] = max(boundary[phase], running[i] if i >= 0 else 0)
-    return max(running), boundary
+    return measure_step(step, params, bufs, states, batch)
 
 
 @pytest.mark.parametrize("spec", [f"{ME}:tiny_gpt2", f"{ME}:tiny_resnet"])

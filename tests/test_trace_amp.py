@@ -10,7 +10,6 @@ the one-line errors for bad configs.
 """
 from __future__ import annotations
 
-import bisect
 import json
 import math
 import re
@@ -26,6 +25,7 @@ from cli import app  # noqa: E402
 from simulator.catalog import open_profile  # noqa: E402
 from simulator.errors import InputError  # noqa: E402
 from simulator.profile import load_profile  # noqa: E402
+from tests.real_memory import measure_step  # noqa: E402
 from tracer import models  # noqa: E402
 from tracer.torch_trace import LOSS_SCALE, TrainStep, trace  # noqa: E402
 
@@ -162,8 +162,6 @@ def test_bytes_per_parameter_match_a_real_autocast_step_with_fp32_masters(amp, c
 def _real_memory(config, amp: str):
     """The traced step run for real on the CPU: its memory above the persistent tensors,
     sampled at the end of each outermost ATen op, per phase (as in test_trace)."""
-    from torch.profiler import ProfilerActivity, profile
-
     dtype = TORCH_DTYPE[amp]
     workload = models.from_hf_config(config, batch=BATCH, seq=SEQ)
     workload.module.to(dtype)  # on meta: what the tracer does
@@ -177,30 +175,7 @@ def _real_memory(config, amp: str):
                                                        for _ in range(2)]
     batch = [torch.randint(0, TINY["vocab_size"], s.shape, generator=gen)
              for s in workload.inputs.values()]
-    step(params, bufs, states, batch)  # warm-up: one-time allocations stay out
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step(params, bufs, states, batch)
-    events = list(prof.profiler.kineto_results.events())
-    memory = sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns())
-    times, running, total = [], [], 0
-    for e in memory:
-        total += e.nbytes()
-        times.append(e.start_ns())
-        running.append(total)
-    spans = {e.name().split(":", 1)[1]: (e.start_ns(), e.end_ns())
-             for e in events if e.name().startswith("phase:")}
-    aten = sorted((e for e in events if e.name().startswith("aten::")),
-                  key=lambda e: (e.start_ns(), -e.end_ns()))
-    boundary, end = dict.fromkeys(spans, 0), -1
-    for e in aten:
-        if e.start_ns() < end:
-            continue
-        end = e.end_ns()
-        i = bisect.bisect_right(times, end) - 1
-        for phase, (first, last) in spans.items():
-            if first <= e.start_ns() <= last:
-                boundary[phase] = max(boundary[phase], running[i] if i >= 0 else 0)
-    return boundary
+    return measure_step(step, params, bufs, states, batch)[1]
 
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
