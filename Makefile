@@ -19,7 +19,7 @@ $(STAMP_CORE): pyproject.toml | $(BIN)/python
 # The tests also trace small models, so they install the `trace` extra (torch pinned to
 # the CPU build 2.13.0, never a multi-GB CUDA build) with the `dev` tools.
 $(STAMP_DEV): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,trace,dask]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,trace,dask,tune]'
 	touch $(STAMP_CORE) $@
 
 demo: $(STAMP_CORE)

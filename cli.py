@@ -237,8 +237,12 @@ _plan_budget = click.option("--budget", default=None,
 @_plan_budget
 @click.option("--timeline", "timeline_out", default=None, help="Write a Chrome trace (Perfetto) JSON here.")
 @click.option("--plot", "plot_out", default=None, help="Write a PNG of GPU memory over time here.")
+@click.option("--allocator", type=click.Choice(["first-fit", "best-fit"]), default=None,
+              help="Model an online allocator's address ranges over an arena of the budget (R51: sizes rounded "
+                   "to 512 B, free neighbours merged) and report arena_bytes and fragmentation [default: count "
+                   "bytes; a plan with a placement always follows it].")
 @click.option("--json", "as_json", is_flag=True, help="Print the Result as JSON.")
-def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, as_json) -> None:
+def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, allocator, as_json) -> None:
     """Simulate one iteration of PLAN (no PLAN: no swapping) and report time and memory.
 
     Exit status: 0 valid and feasible, 1 invalid or infeasible (the report is still
@@ -262,11 +266,15 @@ def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, as_js
                          f"the plan's budget, {format_bytes(loaded_plan.budget_bytes)} ({loaded_plan.budget_bytes} "
                          f"bytes), is more than the GPU's memory on {hardware.name} "
                          f"({format_bytes(hardware.gpu.memory_bytes)}); give --budget to simulate it with another")
+    if allocator is not None and (loaded_plan.placement is not None or loaded_plan.uvm):
+        raise InputError("<argument>", "--allocator", "the plan has a placement (it follows it) or runs in managed "
+                                                      "memory (the driver places blocks): no allocator to model")
     result = run_simulation(loaded, loaded_plan, hardware, budget_bytes,
-                            record=bool(timeline_out or plot_out))
+                            record=bool(timeline_out or plot_out), allocator=allocator)
     # any plan may swap, recompute and move weights: the most general bound applies
     bound = bound_fields(lower_bound(loaded, hardware, result.budget_bytes, recompute=True, moves_persistent=True,
-                                     cpu_ops=loaded_plan.uses_cpu, uvm=loaded_plan.uvm), result)
+                                     cpu_ops=loaded_plan.uses_cpu, uvm=loaded_plan.uvm,
+                                     codecs=loaded_plan.uses_codecs), result)
     if timeline_out and result.timeline is not None:
         write_chrome_trace(result, timeline_out, title=f"{loaded.name} on {hardware.name}")
     if plot_out and result.timeline is not None:
@@ -310,6 +318,12 @@ def _print_result(profile_name: str, hardware_name: str, result, bound: dict | N
                    f"{format_us(result.stall_fault_us)}), {result.evictions} blocks evicted "
                    f"({format_bytes(result.writeback_bytes)} written back)")
     click.echo(f"  peak       {format_bytes(result.peak_bytes)} at {format_us(result.peak_at_us)}")
+    if result.arena_bytes is not None:
+        click.echo(f"  arena      {format_bytes(result.arena_bytes)} (fragmentation {result.fragmentation:.3f}: "
+                   "arena extent over peak live bytes)")
+    if result.codec_us:
+        click.echo(f"  codecs     {format_us(result.codec_us)} of encode and decode kernels"
+                   + (f"; lossy: {len(result.lossy_tensors)} tensors" if result.lossy_tensors else ""))
     moved = [f"{link} {format_bytes(nbytes)} ({result.link_utilisation[link] * 100:.1f}% busy)"
              for link, nbytes in result.link_bytes.items() if nbytes]
     click.echo("  links      " + (", ".join(moved) if moved else "nothing moved"))
@@ -445,9 +459,31 @@ def _print_replay(r: dict) -> None:
 @click.option("--runtime", is_flag=True, help="Add what a runtime needs to follow a plan (node identity, "
                                               "rewrites, random ops; see docs/runtime.md): the profile "
                                               "`swapplan train --plan` runs plans of.")
+@click.option("--density", is_flag=True, help="Measure each tensor's density (fraction of non-zero "
+                                              "elements) on one real CPU step (forward, backward, optimizer) "
+                                              "of the traced graph, with the model's seeded initial weights "
+                                              "and a seeded synthetic batch of --density-batch samples (see "
+                                              "docs/tracing.md).")
+@click.option("--density-batch", type=click.IntRange(1), default=None, metavar="N",
+              help="Batch of the real step --density runs [default: min(batch, 4)]; the graph at that batch "
+                   "must have the same tensors and ops as the traced one.")
+@click.option("--density-seq", type=click.IntRange(1), default=None, metavar="N",
+              help="Sequence length (image side) of the real step --density runs [default: --seq]; a shorter "
+                   "one is cheaper (the graph must still have the same tensors and ops).")
+@click.option("--density-seed", type=int, default=0, show_default=True, metavar="N",
+              help="Seed of the weights, the batch and the RNG of --density's step.")
+@click.option("--density-threads", type=click.IntRange(1, 1024), default=1, show_default=True, metavar="N",
+              help="Intra-op CPU threads of --density's step (another count may move a density by one in its "
+                   "last digit).")
+@click.option("--density-file", "density_file", default=None, metavar="FILE",
+              help="Set tensor densities from FILE, a JSON object mapping tensor ids (or unique tensor names) "
+                   "to fractions of non-zero elements from 0 to 1 (over --density's for the tensors it names).")
+@click.option("--density-out", "density_out", default=None, metavar="FILE",
+              help="Also write the profile's densities to FILE (JSON, the format --density-file reads).")
 @click.option("--list", "list_models", is_flag=True, help="List the registered models and exit.")
 @click.option("-o", "--output", default=None, help="Profile file to write (.json, .json.gz, .yaml).")
 def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name, cpu_kernels, name, runtime,
+              density, density_batch, density_seq, density_seed, density_threads, density_file, density_out,
               list_models, output) -> None:
     """Trace one training step of MODEL (forward, backward, optimizer) on fake tensors:
     no weights, no GPU, no download; kernel times from a roofline of the hardware.
@@ -470,19 +506,58 @@ def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name
         return
     if (model is None and hf_config is None) or output is None:
         raise click.UsageError("MODEL (or --hf-config) and -o/--output are required (or --list)")
-    _outputs(output)
+    if not density and (density_batch is not None or density_seq is not None or density_seed != 0
+                        or density_threads != 1):
+        raise click.UsageError("--density-batch, --density-seq, --density-seed and --density-threads go with "
+                               "--density")
+    _outputs(output, density_out)
+    raw_densities = _read_density_file(density_file)   # a bad file fails before the trace
     what = model if hf_config is None else hf_config
-    click.echo(f"tracing {what} ...", err=True)
+    click.echo(f"tracing {what}{' and measuring densities' if density else ''} ...", err=True)
     try:
         profile = trace(model, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer, hardware=hardware_name,
-                        name=name, gpu_kernels=not cpu_kernels, amp=amp, hf_config=hf_config, runtime=runtime)
+                        name=name, gpu_kernels=not cpu_kernels, amp=amp, hf_config=hf_config, runtime=runtime,
+                        density=density, density_batch=density_batch, density_seq=density_seq,
+                        density_seed=density_seed, density_threads=density_threads)
     except ModuleNotFoundError as exc:  # transformers, for the Hugging Face models
         if (exc.name or "").split(".")[0] not in ("torch", "transformers"):
             raise
         raise InputError("<argument>", "trace", f"tracing {what} needs {exc.name}; {_TRACE_HINT}") from None
+    profile = _apply_density_file(profile, density_file, raw_densities)
     save_profile(profile, output)
     click.echo(f"wrote {output}: {profile.name}, {len(profile.ops)} ops, {len(profile.tensors)} tensors, "
                f"peak {format_bytes(profile.peak_bytes)}, ideal {format_us(profile.ideal_us)}")
+    _density_outputs(profile, density or density_file, density_out)
+
+
+def _read_density_file(path):
+    """A --density-file's entries, checked (keys are resolved against the profile later)."""
+    if path is None:
+        return None
+    from tracer.density import load_density_file
+    return load_density_file(path)
+
+
+def _apply_density_file(profile, path, raw):
+    """The profile with the densities of a --density-file (read by _read_density_file)."""
+    if path is None:
+        return profile
+    from tracer.density import resolve_densities, with_densities
+    found = resolve_densities(raw, profile, str(path))
+    note = dict(profile.source.get("density") or {})
+    note["file"] = str(path)
+    return with_densities(profile, found, note)
+
+
+def _density_outputs(profile, densities_given, density_out) -> None:
+    """The summary line of the densities, and --density-out."""
+    from tracer.density import summary, write_density_file
+    if densities_given:
+        click.echo(f"  {summary(profile)}")
+    if density_out:
+        write_density_file(profile, density_out)
+        click.echo(f"wrote {density_out}: densities of "
+                   f"{sum(t.density is not None for t in profile.tensors)} tensors")
 
 
 _TRACE_HINT = ("install the trace extra: from a checkout, pip install -e '.[trace]' (from a package index, "
@@ -594,8 +669,11 @@ def import_group() -> None:
               help="Which ProfilerStep#N to take [default: the last complete one].")
 @click.option("--name", default=None, help="Profile name [default: the trace file's name without "
                                             "its extensions].")
+@click.option("--density-file", "density_file", default=None, metavar="FILE",
+              help="Set tensor densities from FILE, a JSON object mapping tensor ids (or unique tensor names) "
+                   "to fractions of non-zero elements from 0 to 1 (an imported trace has none).")
 @click.option("-o", "--output", required=True, help="Profile file to write (.json, .json.gz, .yaml).")
-def import_kineto_cmd(trace, et_path, iteration, name, output) -> None:
+def import_kineto_cmd(trace, et_path, iteration, name, density_file, output) -> None:
     """A PyTorch profiler (Kineto) trace measured on a GPU becomes a profile with measured
     kernel times; tensors and lifetimes come from its [memory] events (record with
     profile_memory=True), and from the Execution Trace when given."""
@@ -605,10 +683,14 @@ def import_kineto_cmd(trace, et_path, iteration, name, output) -> None:
     if name is not None and not name.strip():
         raise InputError("<argument>", "--name", "expected a profile name, got an empty one")
     _outputs(output)
+    raw_densities = _read_density_file(density_file)
     profile = import_kineto(trace, et_path=et_path, iteration=iteration, name=name)
+    profile = _apply_density_file(profile, density_file, raw_densities)
     save_profile(profile, output)
     click.echo(f"wrote {output}: {profile.name}, {len(profile.ops)} ops, {len(profile.tensors)} tensors, "
                f"peak {format_bytes(profile.peak_bytes)}, ideal {format_us(profile.ideal_us)} (measured)")
+    if density_file:
+        _density_outputs(profile, True, None)
     gpu = profile.source.get("gpu") or {}
     if gpu.get("unattributed_in_trace"):
         _note(f"{gpu['unattributed_in_trace']} GPU events (kernels, copies, memsets) match no operator's launch "
@@ -655,10 +737,17 @@ def _parse_params(pairs: tuple[str, ...]) -> dict:
 @click.option("--gap", type=click.FloatRange(0.0, 1.0), default=None,
               help="For the ILP planners: stop once the plan is proven within this relative gap "
                    "(same as --param gap=G).")
+@click.option("--codec", default=None, metavar="NAME",
+              help="Compress the planner's swaps with this codec of the hardware file where CSWAP's rule says "
+                   "it pays (R41): runs planner cswap with base=PLANNER, codec=NAME.")
+@click.option("--allow-lossy", is_flag=True, help="Let planners that can (gist, cswap) use lossy codecs "
+                                                  "(fp16, bf16, int8; R40).")
+@click.option("--group", is_flag=True, help="Group the plan's transfers issued together into one transfer each "
+                                            "(R53: one latency), kept if the simulator finds it no slower.")
 @click.option("-o", "--output", default=None, help="Write the plan JSON here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan summary as JSON.")
-def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_limit, threads, gap, output,
-             as_json) -> None:
+def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_limit, threads, gap, codec,
+             allow_lossy, group, output, as_json) -> None:
     """Plan what leaves GPU memory for PROFILE within a budget, and score the plan.
 
     The plan is simulated and its prediction stored in it. Exit status: 0 when the plan
@@ -681,9 +770,21 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_li
     given = _parse_params(params)
     if gap is not None:
         given["gap"] = str(gap)
+    if codec is not None:
+        if given:
+            raise InputError("<argument>", "--codec", "--param goes to the base planner's own run; with --codec "
+                                                      "give the base planner's defaults (or use --planner cswap)")
+        planner_name, given = "cswap", {"base": planner_name, "codec": codec}
+        _note(f"--codec {codec}: planner cswap with base={given['base']}")
+    if allow_lossy:
+        from planner.registry import get_planner
+        if "allow_lossy" not in {p.name for p in get_planner(planner_name).params}:
+            raise InputError("<argument>", "--allow-lossy", f"planner {planner_name!r} uses no lossy codecs "
+                                                            "(gist and cswap do)")
+        given["allow_lossy"] = "true"
     options = RunOptions(seed=seed, time_limit=time_limit, threads=threads or os.cpu_count() or 1,
                          progress=None if as_json else _note)
-    planned = make_plan(loaded, hardware, budget_bytes, planner_name, given, seed, options)
+    planned = make_plan(loaded, hardware, budget_bytes, planner_name, given, seed, options, group=group)
     if output:
         save_plan(planned.plan, output)
     result = planned.result
@@ -782,6 +883,78 @@ def _print_comparison(rows: list[dict]) -> None:
         click.echo(f"{grid.profile} on {grid.hardware}: overhead over the ideal iteration (* best per budget)")
         _table(None, ["planner"] + [budget_label(grid, b) for b in grid.budgets], table,
                right=set(range(1, len(grid.budgets) + 1)))
+
+
+@app.command("place")
+@click.argument("profile")
+@click.argument("plan")
+@click.option("--method", type=click.Choice(["smartpool", "greedy-size", "first-fit"]), default="smartpool",
+              show_default=True, help="smartpool: SmartPool's offline interval colouring (cross-iteration blocks "
+                                      "first, then largest first); greedy-size: largest first, then longest "
+                                      "lifetime; first-fit: in allocation order.")
+@_plan_hardware
+@_plan_budget
+@click.option("-o", "--output", required=True, help="Write the placed plan JSON here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def place_cmd(profile, plan, method, hardware_name, budget, output, as_json) -> None:
+    """Give every GPU allocation of PLAN's iteration an offset in one arena (R50), from the
+    lifetimes of its simulated iteration, so that a runtime can lay out its memory once.
+
+    The placed plan is simulated; exit status 1 when its arena does not fit the budget.
+    """
+    from planner.placement import place
+    from simulator.api import simulate as run_simulation
+    from simulator.plan import save_plan
+    from simulator.units import parse_budget
+
+    _outputs(output)
+    loaded = catalog.open_profile(profile)
+    loaded_plan = load_plan(plan)
+    try:
+        hardware = _hardware(hardware_name, loaded_plan, loaded)
+    except InputError:
+        if hardware_name or not loaded_plan.hardware:
+            raise
+        hardware = _hardware(None, None, loaded)     # a plan naming a machine this host does not know
+        _note(f"the plan's hardware {loaded_plan.hardware!r} is neither a preset nor a file here: lifetimes "
+              f"from {hardware.name}; --hardware chooses another")
+    budget_bytes = parse_budget(budget, loaded.peak_bytes) if budget is not None else None
+    placed, figures = place(loaded, loaded_plan, hardware, budget_bytes, method)
+    result = run_simulation(loaded, placed, hardware, budget_bytes)
+    save_plan(placed, output)
+    figures.update(profile=loaded.name, hardware=hardware.name, output=output, feasible=result.ok,
+                   iteration_us=result.iteration_us)
+    if as_json:
+        _echo_json(figures)
+    else:
+        click.echo(f"placed {figures['allocations']} allocations by {method}: arena {format_bytes(figures['arena_bytes'])}"
+                   f" for a live peak of {format_bytes(figures['peak_live_bytes'])} "
+                   f"({figures['arena_over_live']:.4f}x); written to {output}")
+        if not result.ok:
+            click.echo(f"  the placed plan does not run: {result.reason}")
+    if not result.ok:
+        raise click.exceptions.Exit(1)
+
+
+@app.command("variants")
+@click.argument("profile")
+@click.option("--from", "source", required=True, metavar="FILE.csv",
+              help="Measured alternatives: a CSV with a header op,name,time_us,workspace_bytes, one variant "
+                   "per row.")
+@click.option("-o", "--output", required=True, help="Profile file to write.")
+def variants_cmd(profile, source, output) -> None:
+    """Merge measured op variants (R52: other algorithms for the same op, e.g. each cuDNN
+    convolution algorithm timed on the target GPU) into PROFILE; plans may then choose
+    them (``variants``). See docs/tracing.md."""
+    from simulator.profile import save_profile
+    from simulator.variants import merge_variants, read_variants
+
+    _outputs(output)
+    loaded = catalog.open_profile(profile)
+    merged = merge_variants(loaded, read_variants(source), source)
+    save_profile(merged, output)
+    count = sum(len(op.variants) for op in merged.ops) - sum(len(op.variants) for op in loaded.ops)
+    click.echo(f"wrote {output}: {count} variants on {sum(1 for op in merged.ops if op.variants)} ops")
 
 
 @app.command("planners")

@@ -79,6 +79,9 @@ def replay(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int |
     if plan.uses_cpu:
         raise InputError(plan.origin, "cpu_ops", "the executor does not replay ops on the CPU or SSD <-> host "
                                                  "copies (load, store) yet: `swapplan simulate` scores this plan")
+    if plan.uses_codecs:
+        raise InputError(plan.origin, "actions", "the executor does not replay codecs (compressed transfers, "
+                                                 "encode, decode) yet: `swapplan simulate` scores this plan")
     budget = resolve_budget(budget_bytes, plan, hardware)
     predicted = simulate(profile, plan, hardware, budget)
     base_us = predicted.iteration_us if predicted.ok else profile.ideal_us

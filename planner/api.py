@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simulator.api import simulate
 from simulator.engine import check_budget
@@ -16,6 +16,7 @@ from simulator.result import Result
 
 from .analysis import budget_floor, uvm_floor
 from .bound import Bound, bound_fields, lower_bound
+from .grouping import group_actions
 from .registry import RunOptions, get_planner
 
 
@@ -29,14 +30,17 @@ class Planned:
 
 
 def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: str = "none",
-              params: dict | None = None, seed: int = 0, options: RunOptions | None = None) -> Planned:
+              params: dict | None = None, seed: int = 0, options: RunOptions | None = None,
+              group: bool = False) -> Planned:
     """Plan ``profile`` for ``hardware`` within ``budget_bytes`` with the named planner.
 
     The plan's ``planner`` block is the planner report: its status (the planner's own
     verdict unless the simulator finds the plan infeasible or invalid, which it then
     says), parameters, seed, notes, its own estimate when it has one, and the lower
     bound for this budget (planner/bound.py) with the plan's gap to it; ``predicted``
-    holds the simulator's figures.
+    holds the simulator's figures. ``group`` aggregates the plan's transfers issued
+    together into groups (R53, planner/grouping.py), kept only if the simulator finds
+    the grouped plan no slower (the notes say which).
 
     Raises InputError for an unknown planner or parameter or a budget above the GPU's
     memory, and InfeasibleError for a budget below the floor no plan of this planner can
@@ -64,10 +68,14 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
                 actions=tuple(draft.actions), hardware=hardware.name, budget_bytes=budget_bytes,
                 schedule=None if draft.schedule is None else tuple(draft.schedule),
                 initial=dict(draft.initial), cpu_ops=tuple(draft.cpu_ops), memory=draft.memory,
-                read_mostly=tuple(draft.read_mostly), uvm_backing=draft.uvm_backing)
+                read_mostly=tuple(draft.read_mostly), uvm_backing=draft.uvm_backing, allow_lossy=draft.allow_lossy,
+                variants=dict(draft.variants), placement=draft.placement)
     result = simulate(profile, plan, hardware, budget_bytes)  # the plan as exported
+    if group and plan.memory == "explicit":
+        plan, result = _grouped(profile, hardware, budget_bytes, plan, result, draft.notes)
     bound = lower_bound(profile, hardware, budget_bytes, recompute=spec.recomputes,
-                        moves_persistent=spec.moves_persistent, cpu_ops=plan.uses_cpu, uvm=plan.uvm)
+                        moves_persistent=spec.moves_persistent, cpu_ops=plan.uses_cpu, uvm=plan.uvm,
+                        codecs=plan.uses_codecs)
     status = draft.status if result.ok else ("invalid" if not result.valid else "infeasible")
     plan.planner = PlannerInfo(name=planner, params=resolved, status=status, gap=draft.gap, seed=options.seed,
                                notes=_plain(draft.notes), estimate_us=draft.estimate_us,
@@ -77,13 +85,32 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     return Planned(plan, result, seconds)
 
 
+def _grouped(profile, hardware, budget_bytes, plan, result, notes: dict):
+    """R53 for any planner: the plan with its transfers grouped, if that is no slower."""
+    actions, groups, members = group_actions(list(plan.actions), hardware)
+    if not groups:
+        notes["group"] = "nothing to group (no transfers issued together, or no latency to save)"
+        return plan, result
+    grouped = replace(plan, actions=tuple(actions))
+    tried = simulate(profile, grouped, hardware, budget_bytes)
+    if tried.ok and (not result.ok or tried.iteration_us <= result.iteration_us):
+        notes["group"] = {"groups": groups, "members": members, "ungrouped_us": result.iteration_us if result.ok
+                          else None}
+        return grouped, tried
+    notes["group"] = (f"kept ungrouped: grouping {members} transfers into {groups} groups "
+                      f"{'does not run' if not tried.ok else 'is slower'} ({tried.iteration_us:.0f} us)")
+    return plan, result
+
+
 def score(profile: Profile, hardware: Hardware, budget_bytes: int, actions, initial: dict | None = None,
-          schedule=None, cpu_ops=(), memory: str = "explicit", read_mostly=()) -> Result:
+          schedule=None, cpu_ops=(), memory: str = "explicit", read_mostly=(), allow_lossy: bool = False,
+          variants: dict | None = None, placement=None) -> Result:
     """Simulate a candidate set of actions: how planners with a feedback loop or a tuner
     judge their own candidates."""
     plan = Plan(profile_name=profile.name, profile_sha256=profile_sha256(profile), actions=tuple(actions),
                 initial=dict(initial or {}), schedule=None if schedule is None else tuple(schedule),
-                cpu_ops=tuple(cpu_ops), memory=memory, read_mostly=tuple(read_mostly))
+                cpu_ops=tuple(cpu_ops), memory=memory, read_mostly=tuple(read_mostly), allow_lossy=allow_lossy,
+                variants=dict(variants or {}), placement=placement)
     return simulate(profile, plan, hardware, budget_bytes)
 
 

@@ -47,17 +47,19 @@ class Bound:
     recompute: bool
     moves_persistent: bool
     feasible: bool = True     # False: no plan of this kind fits the budget at all
-    applies: bool = True      # False: the plan runs ops on the CPU, which the argument leaves out
+    applies: bool = True      # False: the plan does what the argument leaves out (``outside``)
     uvm: bool = False         # a UVM plan (R30-R37): the bound is the ideal time
+    outside: str = "ops on the CPU"   # what the argument leaves out, when it does not apply
 
     @property
     def kind(self) -> str:
         """Which bound: ``swap`` or ``swap+recompute``, ``+persistent`` when weights move;
-        ``none (ops on the CPU)`` when it does not apply; ``uvm (the ideal)`` for UVM plans."""
+        ``none (ops on the CPU)`` or ``none (codecs)`` when it does not apply; ``uvm (the
+        ideal)`` for UVM plans."""
         if self.uvm:
             return "uvm (the ideal)"
         if not self.applies:
-            return "none (ops on the CPU)"
+            return f"none ({self.outside})"
         return ("swap+recompute" if self.recompute else "swap") + ("+persistent" if self.moves_persistent else "")
 
     @property
@@ -73,7 +75,8 @@ class Bound:
 
 
 def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompute: bool = True,
-                moves_persistent: bool = False, cpu_ops: bool = False, uvm: bool = False) -> Bound:
+                moves_persistent: bool = False, cpu_ops: bool = False, uvm: bool = False,
+                codecs: bool = False) -> Bound:
     """The lower bound of the module docstring for ``budget_bytes`` on ``hardware``.
 
     With ``cpu_ops`` (a plan that runs ops on the host CPU, R24) the argument does not
@@ -82,12 +85,16 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
     with a valid backing copy leaves the GPU without crossing the up link (R34), a
     prefetch hint pays no fault latency, and the budget may pass the GPU's memory; what
     does hold is that no UVM plan beats the ideal time (compute never waits less than
-    nothing), so the bound reported is the ideal, of kind ``uvm (the ideal)``.
+    nothing), so the bound reported is the ideal, of kind ``uvm (the ideal)``. With
+    ``codecs`` (R40-R42: compressed transfers move fewer bytes than the tensor, an
+    encoded tensor takes less memory) it does not apply either.
     """
     if uvm:
         return Bound(profile.ideal_us, None, recompute, moves_persistent, uvm=True)
     if cpu_ops:
         return Bound(float("nan"), None, recompute, moves_persistent, applies=False)
+    if codecs:
+        return Bound(float("nan"), None, recompute, moves_persistent, applies=False, outside="codecs")
     starts = op_start_us(profile)
     ideal = starts[-1]
     latency, up = link_speed(hardware, "offload", "host")

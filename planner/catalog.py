@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-_NOT_PLANNERS = {"api", "analysis", "bound", "catalog", "estimate", "lowering", "registry"}
+_NOT_PLANNERS = {"api", "analysis", "bound", "catalog", "compression", "estimate", "grouping", "placement", "lowering", "registry"}
 
 import planner as _package
 

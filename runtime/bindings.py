@@ -246,23 +246,35 @@ def initial_values(bindings: Bindings, seed: int = 0) -> Values:
     import torch
 
     from tracer import models
-    from tracer.torch_trace import _torch_dtype, state_names
 
     opts = bindings.options
-    step = bindings.capture.step
     torch.manual_seed(seed)
     workload = models.build(bindings.model, batch=opts["batch"], seq=opts["seq"], device="cpu")
+    return seeded_values(bindings.capture, workload, optimizer=opts["optimizer"], amp=opts["amp"],
+                         dtype=opts["dtype"], seed=seed)
+
+
+def seeded_values(capture, workload, *, optimizer: str = "adamw", amp: str | None = None, dtype: str = "fp32",
+                  seed: int = 0) -> Values:
+    """The values of :func:`initial_values` for a traced ``capture`` (its fake values give
+    the dtypes and shapes) from ``workload``, the same model built for a real run (on the
+    CPU, or on the meta device: then materialised) after ``torch.manual_seed(seed)``."""
+    import torch
+
+    from tracer.torch_trace import _torch_dtype, state_names
+
+    step = capture.step
     module = workload.module
     _materialise(module)
-    dtype = _torch_dtype(opts["amp"] or opts["dtype"])
-    state_dtype = torch.float32 if opts["amp"] else dtype
+    dtype = _torch_dtype(amp or dtype)
+    state_dtype = torch.float32 if amp else dtype
     named_params = dict(module.named_parameters(remove_duplicate=False))   # the graph's names, tied or not
     named_buffers = dict(module.named_buffers(remove_duplicate=False))
-    fakes = bindings.capture
+    fakes = capture
     params = [_real(named_params[n], f.dtype) for n, f in zip(step.param_names, fakes.params)]
     buffers = [_real(named_buffers[n], f.dtype) for n, f in zip(step.buffer_names, fakes.buffers)]
     states = []
-    for name in state_names(opts["optimizer"], opts["amp"]):
+    for name in state_names(optimizer, amp):
         if name == "master":
             states.append([p.detach().to(torch.float32).clone() for p in params])
         else:

@@ -117,6 +117,9 @@ class PlannedInterpreter:
         if self.plan.uses_cpu:
             raise InputError("<plan>", "cpu_ops",
                              "the runtime runs every op on the GPU; plans with ops on the CPU are not followed")
+        if self.plan.uses_codecs:
+            raise InputError("<plan>", "actions", "the runtime moves tensors as they are; plans with codecs "
+                                                  "(compressed transfers, encode, decode) are not followed yet")
         if getattr(self.plan, "memory", "explicit") != "explicit":
             raise InputError("<plan>", "memory", f"the runtime follows explicit copies; {self.plan.memory!r} "
                                                  "(managed memory) plans are not followed")

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
-from . import fastpath
+from . import fastpath, fastuvm
 from .compiled import compile_machine, compile_profile
 from .engine import check_budget, invalid_result, resolve_budget, run_program
 from .hardware import Hardware
@@ -25,10 +25,11 @@ from .units import MAX_COUNT
 
 
 def simulate(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None = None,
-             record: bool = False, reference: bool = False) -> Result:
+             record: bool = False, reference: bool = False, allocator: str | None = None) -> Result:
     """Simulate one plan (see ``Simulator.simulate``). To simulate many plans of one
     profile and machine, make one ``Simulator``: it compiles them once."""
-    return Simulator(profile, hardware).simulate(plan, budget_bytes, record=record, reference=reference)
+    return Simulator(profile, hardware).simulate(plan, budget_bytes, record=record, reference=reference,
+                                                 allocator=allocator)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +83,16 @@ class Simulator:
         return resolve_budget(budget_bytes, plan, self.hardware)
 
     def simulate(self, plan: Plan, budget_bytes: int | None = None, record: bool = False,
-                 reference: bool = False) -> Result:
+                 reference: bool = False, allocator: str | None = None) -> Result:
         """Simulate ``plan``: the full Result.
 
         ``budget_bytes`` None takes the plan's, then the GPU's (R2). ``record`` keeps a
         Timeline in ``result.timeline``. ``reference`` always uses the Python reference;
         otherwise the C fast path runs when it is built (the reference explains an
-        invalid plan's reason, and runs a plan whose times would overflow 64 bits).
+        invalid plan's reason, and runs a plan whose times would overflow 64 bits); a
+        UVM plan runs in C too (simulator/fastuvm.py) where its C run applies.
+        ``allocator`` (``first-fit`` or ``best-fit``, R51) models an online allocator's
+        address ranges for a plan without a placement (on the reference).
 
         Raises InputError for structural problems (unknown ids, a plan for another
         profile, an SSD action on a machine without one) and a budget above the GPU's
@@ -97,20 +101,36 @@ class Simulator:
         with _gc_paused():
             check_plan(plan, self.profile, self.machine.has_ssd, self.machine.cpu is not None)
             budget = self.budget(plan, budget_bytes)
+            if allocator is not None and plan.placement is None and not plan.uvm:
+                return self._reference(plan, budget, record, allocator)
             if not (record or reference or plan.reference_only) and fastpath.available():
                 result = fastpath.simulate(self.compiled, self.machine, plan, budget)
                 if result is not None:
                     return result
-            return self._reference(plan, budget, record)
+            if record or reference:
+                return self._reference(plan, budget, record)
+            return self._run(plan, budget)
 
-    def _reference(self, plan: Plan, budget: int, record: bool) -> Result:
+    def _run(self, plan: Plan, budget: int) -> Result:
+        """The Result with no timeline of a plan the explicit C path does not run: a UVM
+        plan's from C where that applies, else the Python reference's."""
+        if not (plan.uvm and fastuvm.available()):
+            return self._reference(plan, budget, False)
+        try:
+            program = compile_program(self.profile, self.compiled, plan, self.machine)
+        except PlanInvalid as exc:
+            return invalid_result(exc, budget, self.compiled)
+        result = fastuvm.run(self.compiled, program, self.machine, budget)
+        return result if result is not None else run_program(self.compiled, program, self.machine, budget)
+
+    def _reference(self, plan: Plan, budget: int, record: bool, allocator: str | None = None) -> Result:
         try:
             program = compile_program(self.profile, self.compiled, plan, self.machine)
         except PlanInvalid as exc:
             return invalid_result(exc, budget, self.compiled)
         if record and self._names is None:
             self._names = [(op.id, op.name, op.phase) for op in self.profile.ops]
-        return run_program(self.compiled, program, self.machine, budget, record, self._names)
+        return run_program(self.compiled, program, self.machine, budget, record, self._names, allocator)
 
     def score(self, plan: Plan, budget_bytes: int | None = None) -> Score:
         """Score one plan (see ``Score``); the C fast path when built."""
@@ -144,8 +164,7 @@ class Simulator:
                 return score
         else:
             check()
-        result = self._reference(plan, budget, False)
-        return score_of(result, self, plan)
+        return score_of(self._run(plan, budget), self, plan)
 
 
 def _check_made(plan, profile: Profile, has_ssd: bool) -> None:
@@ -154,11 +173,11 @@ def _check_made(plan, profile: Profile, has_ssd: bool) -> None:
 
 
 def score_of(result: Result, simulator: Simulator, plan: Plan) -> Score:
-    """A Score from a full (reference) Result; an infeasible plan is run once more with
-    no budget to measure how far over it goes."""
+    """A Score from a full Result (the reference's, or a UVM plan's C run); an infeasible
+    plan is run once more with no budget to measure how far over it goes."""
     over = 0
     if result.valid and not result.feasible:
-        unbounded = simulator._reference(plan, fastpath.UNBOUNDED, False)
+        unbounded = simulator._run(plan, fastpath.UNBOUNDED)
         over = max(1, unbounded.peak_bytes - result.budget_bytes)
     return Score(result.valid, result.feasible, result.iteration_us if result.valid else 0.0,
                  result.overhead if result.valid else 0.0, result.peak_bytes, over, result.progress,

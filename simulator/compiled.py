@@ -50,6 +50,7 @@ class Machine:
     packed: tuple        # simulator/fastpath.py: the machine as _fastsim reads it
     cpu: tuple | None = None   # (tflops, mem_gbps, launch_us) of the host CPU (R25), if described
     uvm: "UvmMachine | None" = None   # managed memory (R30-R37)
+    codecs: dict = None        # codec name -> hardware.Codec (R40-R42)
 
     def route(self, kind: str, tier: str) -> Route:
         return self.routes[(kind, tier)]
@@ -99,7 +100,8 @@ def compile_machine(hardware: Hardware) -> Machine:
                    routes=routes, half_duplex=half, has_ssd=ssd is not None, host_bytes=host_bytes,
                    ssd_bytes=ssd_bytes, packed=_pack_machine(half, host_bytes, ssd_bytes, tuple(capacity), routes),
                    cpu=None if hardware.cpu is None else
-                   (hardware.cpu.tflops, hardware.cpu.mem_gbps, hardware.cpu.launch_us), uvm=uvm_machine)
+                   (hardware.cpu.tflops, hardware.cpu.mem_gbps, hardware.cpu.launch_us), uvm=uvm_machine,
+                   codecs={codec.name: codec for codec in hardware.codecs})
 
 
 def _pack_machine(half: bool, host_bytes: int, ssd_bytes: int, capacity: tuple, routes: dict) -> tuple:

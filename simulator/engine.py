@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import accumulate
 
+from .arena import ArenaMemory, allocation_keys
 from .compiled import (D2H, H2D, LINKS, PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD_WRITE, SSD_WRITE_LINK, STREAMS,
                        CompiledProfile, Machine)
 from .errors import InputError
@@ -71,6 +72,7 @@ class Blocked:
     residents: list[dict]
     tier: str | None = None   # capacity: the tier
     after: str | None = None  # capacity: the offload's after op; stuck / prefetch: the transfer's kind
+    arena: dict | None = None  # R50, R51: the allocation that waits, and who holds its range (or fragmented)
 
 
 def describe(blocked: Blocked, op: str | None) -> tuple[str | None, str, dict]:
@@ -81,6 +83,10 @@ def describe(blocked: Blocked, op: str | None) -> tuple[str | None, str, dict]:
         op = blocked.after
         reason = (f"{blocked.tier} capacity exceeded: {blocked.needed} bytes needed, {blocked.free} available")
         return op, reason, {"tier": blocked.tier}
+    if blocked.what == "arena":
+        reason = (f"the placement's arena ({blocked.needed} bytes) is larger than the budget ({blocked.free} "
+                  "bytes)")
+        return None, reason, {"arena_bytes": blocked.needed, "budget_bytes": blocked.free}
     if blocked.what == "start":
         what = f"at start: persistent tensor {blocked.tensor!r} does not fit"
     elif blocked.what == "op":
@@ -94,8 +100,19 @@ def describe(blocked: Blocked, op: str | None) -> tuple[str | None, str, dict]:
     else:
         what = f"the {blocked.after} of {blocked.tensor!r} cannot start" + (f" (op {op!r} waits)" if op else "")
     reason = f"{what}: needs {blocked.needed} bytes, {blocked.free} free; largest residents: {shown}"
+    extra = {}
+    if blocked.arena is not None:        # R50, R51
+        extra = dict(blocked.arena)
+        if "held_by" in extra:
+            start, end = extra["range"]
+            reason += f"; allocation {extra['allocation']!r} at [{start}, {end}) is held by {extra['held_by']!r}"
+        else:
+            reason += (f"; allocation {extra['allocation']!r} finds no free range (fragmented: enough bytes are "
+                       "free, in pieces)" if blocked.needed <= blocked.free else "")
+            if blocked.needed > blocked.free:
+                extra.pop("fragmented", None)
     return op, reason, {"waiting": what, "needed_bytes": blocked.needed, "free_bytes": blocked.free,
-                        "largest_residents": blocked.residents}
+                        "largest_residents": blocked.residents, **extra}
 
 
 class _Infeasible(Exception):
@@ -108,20 +125,32 @@ class _Infeasible(Exception):
 
 
 def run_program(compiled: CompiledProfile, program: Program, machine: Machine, budget: int,
-                record: bool = False, names: list[tuple[str, str, str]] | None = None) -> Result:
+                record: bool = False, names: list[tuple[str, str, str]] | None = None,
+                allocator: str | None = None) -> Result:
     """Run a compiled program in simulated time and report the Result (valid plans only:
     validity was decided by the compile). ``names``: (op id, kernel, phase) per profile
-    op, for the timeline when ``record``."""
+    op, for the timeline when ``record``; ``allocator``: an online allocator model for a
+    plan without a placement (R51)."""
     if program.uvm:
         return _run_uvm(compiled, program, machine, budget, record, names)
-    return _Run(compiled, program, machine, budget, record, names).run()
+    return _Run(compiled, program, machine, budget, record, names, allocator).run()
+
+
+def allocation_lifetimes(compiled: CompiledProfile, program: Program, machine: Machine, budget: int):
+    """R50: the run of a plan (explicit mode) under ``budget`` with every GPU allocation
+    logged: (Result, [[key, owner, bytes, start ps, end ps or None (still held at the
+    end)]]). Ranges come from an unbounded arena, so they never make anything wait: the
+    times are those of the byte-counted run."""
+    run = _Run(compiled, program, machine, budget, False, None, "first-fit", arena_bytes=2**62)
+    result = run.run()
+    return result, run.memory.log
 
 
 class _Run:
     """The run state of one simulation; ``run`` drives it to the end of the iteration."""
 
     def __init__(self, compiled: CompiledProfile, program: Program, machine: Machine, budget: int,
-                 record: bool, names):
+                 record: bool, names, allocator: str | None = None, arena_bytes: int | None = None):
         self.compiled = compiled
         self.program = program
         self.seq = program.seq
@@ -133,7 +162,15 @@ class _Run:
         self.latency_until: dict[int, int] = {}   # transfer -> ps its latency ends, while it waits it
         self.ended = [False] * n
         self.enqueue_count = 0
-        self.memory = Memory(budget, compiled.tensor_bytes)
+        nbytes = compiled.tensor_bytes if not program.buffer_bytes else {**compiled.tensor_bytes,
+                                                                          **program.buffer_bytes}
+        if program.placement is not None or allocator is not None:   # R50, R51: address ranges
+            keys = program.keys if program.keys is not None else allocation_keys(program, compiled)
+            if program.placement is not None:
+                allocator, arena_bytes = None, program.placement.arena_bytes
+            self.memory = ArenaMemory(budget, nbytes, keys, arena_bytes or budget, program.placement, allocator)
+        else:
+            self.memory = Memory(budget, nbytes)          # with the encoded buffers of codecs (R41, R42)
         self.tiers = Tiers({"host": machine.host_bytes, "ssd": machine.ssd_bytes}, compiled.tensor_bytes)
         self.links = Links(machine.link_capacity)
         self.link_bytes = [0] * len(LINKS)
@@ -157,6 +194,7 @@ class _Run:
         self.last_transfer_end = 0
         self.compute_ps = 0
         self.recompute_ps = 0
+        self.codec_ps = 0
         self.stall_data = 0
         self.stall_memory = 0
         self.stall_by_op: dict[str, list[int]] = {}
@@ -198,6 +236,9 @@ class _Run:
         """R7 for item k of either stream: frees, releases, then the actions after it."""
         seq, now = self.seq, self.now
         self.done[k] = 1
+        if seq.codec and k in seq.codec:         # R41, R42: what an encode or decode frees on the GPU
+            for tid in seq.codec[k].frees:
+                self.memory.free(tid, now)
         for tid in seq.frees[k]:
             if self.pending_offloads.get(tid):
                 self.dead_pending.add(tid)
@@ -213,26 +254,45 @@ class _Run:
             else:
                 self._enqueue(action)
 
+    def _group(self, transfer: Transfer) -> tuple:
+        """The transfer and the members of the group it leads (R53)."""
+        return (transfer,) + tuple(self.transfers[m] for m in transfer.members) if transfer.members else (transfer,)
+
     def _enqueue(self, transfer: Transfer) -> None:
         self.enqueued_at[transfer.index] = self.enqueue_count
         self.enqueue_count += 1
         self.streams[transfer.route.stream].queue.append(transfer.index)
-        if transfer.kind == "offload":
-            self.pending_offloads[transfer.tensor] = self.pending_offloads.get(transfer.tensor, 0) + 1
+        for member in self._group(transfer):       # R53: a group queues as one transfer
+            self.enqueued_at[member.index] = self.enqueued_at[transfer.index]
+            if member.kind == "offload":
+                self.pending_offloads[member.tensor] = self.pending_offloads.get(member.tensor, 0) + 1
 
     def _transfer_end(self, j: int) -> None:
         transfer, now = self.transfers[j], self.now
-        self.ended[j] = True
         self.last_transfer_end = max(self.last_transfer_end, now)
         stream = self.streams[transfer.route.stream]
         stream.running = None
         stream.busy_ps += now - self.start[j]
         if self.engine_holder == j:
             self.engine_holder = None
+        group = self._group(transfer)
         if self.record:
-            self.spans.append(Span(stream.name, f"{transfer.kind} {transfer.tensor}", ps_to_us(self.start[j]),
-                                   ps_to_us(now), {"tensor": transfer.tensor, "bytes": transfer.nbytes,
-                                                   "tier": transfer.tier, "kind": transfer.kind}))
+            args = {"tensor": transfer.tensor, "bytes": transfer.total, "tier": transfer.tier, "kind": transfer.kind}
+            name = f"{transfer.kind} {transfer.tensor}"
+            if transfer.members:
+                args["members"] = [member.tensor for member in group]
+                name = f"{transfer.kind} group {self.program_group(transfer)} ({len(group)} tensors)"
+            self.spans.append(Span(stream.name, name, ps_to_us(self.start[j]), ps_to_us(now), args))
+        for member in group:
+            self._copy_done(member)
+
+    def program_group(self, transfer: Transfer) -> str:
+        return self.program.group_names.get(transfer.index, "") if self.program.group_names else ""
+
+    def _copy_done(self, transfer: Transfer) -> None:
+        """One copy has ended (alone, or as a member of its group, R53)."""
+        now = self.now
+        self.ended[transfer.index] = True
         if transfer.kind == "store" and (transfer.last_reader < 0 or self.done[transfer.last_reader]):
             self._release_copy(transfer)          # R26: the host copy goes once its readers ended
         if transfer.kind == "offload":
@@ -240,6 +300,8 @@ class _Run:
             self.pending_offloads[tid] -= 1
             if transfer.last_reader < 0 or self.done[transfer.last_reader]:   # R11: its last reader ended
                 self.memory.free(tid, now)
+            if transfer.buffer is not None:
+                self.memory.free(transfer.buffer, now)   # R41: the encoded buffer it copied
             if tid in self.dead_pending and not self.pending_offloads[tid]:
                 self.dead_pending.discard(tid)     # R7: freed now that its offload ended
                 self.memory.free(tid, now)
@@ -267,7 +329,7 @@ class _Run:
             if recomputed is not None and recomputed in self.memory.resident:
                 return  # R15: the older copy is still being copied out (a data stall)
             self.data_ready_at = self.now
-        if not self.memory.fits(seq.alloc_bytes[k]):
+        if not self.memory.fits_item(k, seq.alloc_bytes[k]):
             return
         now = self.now
         data_wait, memory_wait = self.data_ready_at - self.ready_at, now - self.data_ready_at
@@ -281,14 +343,20 @@ class _Run:
         time_ps = seq.time_ps[k]
         self.running_until = now + time_ps
         self.compute_ps += time_ps
+        codec = seq.codec.get(k) if seq.codec else None
         if recomputed is not None:
             self.recompute_ps += time_ps
+        elif codec is not None:
+            self.codec_ps += time_ps
         if self.record:
             op_id, kernel, phase = self.names[seq.op_index[k]]
-            self.spans.append(Span("compute", op_id if recomputed is None else f"recompute {recomputed}",
-                                   ps_to_us(now), ps_to_us(now + time_ps),
-                                   {"op": op_id, "kernel": kernel, "phase": phase,
-                                    "kind": "op" if recomputed is None else "recompute"}))
+            if codec is not None:
+                name, kind, kernel = f"{codec.kind} {codec.tensor}", codec.kind, codec.codec
+            else:
+                name = op_id if recomputed is None else f"recompute {recomputed}"
+                kind = "op" if recomputed is None else "recompute"
+            self.spans.append(Span("compute", name, ps_to_us(now), ps_to_us(now + time_ps),
+                                   {"op": op_id, "kernel": kernel, "phase": phase, "kind": kind}))
 
     def _deps_done(self, k: int) -> bool:
         dep = self.program.deps.get(k)
@@ -325,10 +393,18 @@ class _Run:
         if transfer.kind in ("load", "store"):
             return transfer.source < 0 or self.ended[transfer.source]
         if transfer.kind == "prefetch":
-            if transfer.source >= 0 and not self.ended[transfer.source]:
-                return False
-            if transfer.tensor in self.memory.resident or not self.memory.fits(transfer.nbytes):
-                return False
+            if not transfer.members:
+                if transfer.source >= 0 and not self.ended[transfer.source]:
+                    return False
+                return transfer.tensor not in self.memory.resident and self.memory.fits_prefetch(
+                    [transfer.index], self.memory.nbytes[transfer.buffer or transfer.tensor])
+            group = self._group(transfer)       # R53: every member's source, and room for them all
+            for member in group:
+                if (member.source >= 0 and not self.ended[member.source]) or member.tensor in self.memory.resident \
+                        or (member.source_item >= 0 and not self.done[member.source_item]):
+                    return False
+            return self.memory.fits_prefetch([m.index for m in group],
+                                             sum(self.memory.nbytes[m.buffer or m.tensor] for m in group))
         return True
 
     def _try_transfers(self) -> None:
@@ -339,25 +415,29 @@ class _Run:
                 self._start_transfer(transfer)
 
     def _start_transfer(self, transfer: Transfer) -> None:
-        j, now, tid = transfer.index, self.now, transfer.tensor
-        if transfer.kind == "prefetch":
-            self.memory.allocate((tid,), 0, now)
-        elif not self.tiers.take(tid, "host" if transfer.kind == "load" else transfer.tier):   # R19
+        j, now = transfer.index, self.now
+        group = self._group(transfer)
+        if transfer.kind == "prefetch":   # R41: a compute codec's encoded buffer; R53: every member's
+            self.memory.allocate(tuple(member.buffer or member.tensor for member in group), 0, now)
+        else:
             tier = "host" if transfer.kind == "load" else transfer.tier
-            raise _Infeasible(Blocked("R19", "capacity", -1, tid, self.tiers.used[tier],
-                                      self.tiers.capacity[tier], [], tier, transfer.after_op))
+            for member in group:
+                if not self.tiers.take(member.tensor, tier, member.nbytes):   # R19
+                    raise _Infeasible(Blocked("R19", "capacity", -1, member.tensor, self.tiers.used[tier],
+                                              self.tiers.capacity[tier], [], tier, transfer.after_op))
         stream = self.streams[transfer.route.stream]
         stream.queue.popleft()
         stream.running = j
         for link in transfer.route.links:
-            self.link_bytes[link] += transfer.nbytes
+            self.link_bytes[link] += transfer.total
         if transfer.route.uses_engine:
             self.engine_holder = j
-        self.start[j] = now
+        for member in group:
+            self.start[member.index] = now
         if transfer.route.latency_ps:
             self.latency_until[j] = now + transfer.route.latency_ps
         else:
-            self.links.start(j, transfer.route.links, transfer.nbytes, now)
+            self.links.start(j, transfer.route.links, transfer.total, now)
 
     # ------------------------------------------------------------------ the loop
 
@@ -382,7 +462,7 @@ class _Run:
         for j in [j for j, at in self.latency_until.items() if at == now]:
             del self.latency_until[j]
             transfer = self.transfers[j]
-            self.links.start(j, transfer.route.links, transfer.nbytes, now)
+            self.links.start(j, transfer.route.links, transfer.total, now)
         ending = self.links.ending_at(now)
         if ending:
             self.links.finish(ending, now)
@@ -434,12 +514,15 @@ class _Run:
         their tier's space from time 0."""
         initial = self.program.initial_copies
         memory = self.memory
+        placement = self.program.placement
+        if placement is not None and placement.arena_bytes > memory.budget:   # R50: the arena is in the budget
+            raise _Infeasible(Blocked("R50", "arena", -1, None, placement.arena_bytes, memory.budget, []))
         for tid in self.compiled.persistent_ids:
             if tid in initial:
                 continue
-            if not memory.fits(memory.nbytes[tid]):
+            if not memory.fits_start(tid, memory.nbytes[tid]):
                 raise _Infeasible(Blocked("R10", "start", -1, tid, memory.nbytes[tid], memory.budget - memory.used,
-                                          memory.largest()))
+                                          memory.largest(), arena=getattr(memory, "blocked", None)))
             memory.allocate((tid,), 0, 0)
         for tid, tier in initial.items():
             if not self.tiers.take(tid, tier):
@@ -450,17 +533,25 @@ class _Run:
         """R10: nothing runs, nothing is pending, and work remains: say what waits."""
         seq, k, memory = self.seq, self.head, self.memory
         free = memory.budget - memory.used
+        arena = getattr(memory, "blocked", None)
         if k < len(seq) and self.data_ready_at is not None:   # the item itself waits for memory
             recomputed = seq.recomputed[k]
+            if arena is not None:
+                memory.fits_item(k, seq.alloc_bytes[k])     # which of its allocations waits, and for whom
+                arena = memory.blocked
             return Blocked("R10", "op" if recomputed is None else "recompute", k, recomputed,
-                           seq.alloc_bytes[k], free, memory.largest())
+                           seq.alloc_bytes[k], free, memory.largest(), arena=arena)
         heads = sorted((s.queue[0] for s in self.streams if s.queue), key=self.enqueued_at.__getitem__)
         item = k if k < len(seq) else -1
         for j in heads:
             transfer = self.transfers[j]
             if (transfer.kind == "prefetch" and (transfer.source < 0 or self.ended[transfer.source])
                     and transfer.tensor not in memory.resident):   # it waits for room, nothing else
-                return Blocked("R10", "prefetch", item, transfer.tensor, transfer.nbytes, free, memory.largest())
+                size = memory.nbytes[transfer.buffer or transfer.tensor]
+                if arena is not None:
+                    memory.fits_prefetch([j], size)
+                return Blocked("R10", "prefetch", item, transfer.tensor, size, free, memory.largest(),
+                               arena=getattr(memory, "blocked", None))
         if heads:
             transfer = self.transfers[heads[0]]
             return Blocked("R10", "stuck", item, transfer.tensor, transfer.nbytes, free, memory.largest(),
@@ -477,12 +568,18 @@ class _Run:
         result.compute_us = ps_to_us(self.compute_ps)
         result.recompute_us = ps_to_us(self.recompute_ps)
         result.cpu_us = ps_to_us(self.cpu_busy_ps)
+        result.codec_us = ps_to_us(self.codec_ps)
+        result.lossy_tensors = list(self.program.lossy)
         result.stall_data_us = ps_to_us(self.stall_data)
         result.stall_memory_us = ps_to_us(self.stall_memory)
         result.stall_us = ps_to_us(self.stall_data + self.stall_memory)
         result.tail_us = ps_to_us(max(0, end - self.last_compute_end))
         result.peak_bytes = self.memory.peak
         result.peak_at_us = ps_to_us(self.memory.peak_at)
+        if isinstance(self.memory, ArenaMemory):      # R50, R51
+            result.arena_bytes = self.memory.arena_bytes
+            extent = self.memory.ranges.extent
+            result.fragmentation = extent / self.memory.peak if self.memory.peak else 1.0
         streams = self.streams
         # R18: a link's bytes; an SSD copy counts on its PCIe direction and on the SSD
         result.bytes_h2d, result.bytes_d2h, result.bytes_ssd_read, result.bytes_ssd_write = self.link_bytes

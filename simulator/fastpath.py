@@ -115,7 +115,7 @@ def _result(compiled: CompiledProfile, machine: Machine, out: tuple, budget: int
                  "ssd_read": ps_to_us(stream_busy[2]), "ssd_write": ps_to_us(stream_busy[3])},
         link_bytes=dict(zip(("pcie_down", "pcie_up", "ssd_read_link", "ssd_write_link"), link_bytes)),
         host_peak_bytes=host_peak, ssd_peak_bytes=ssd_peak, transfers=n_transfers, recomputes=n_recomputes,
-        faults=0, fault_bytes=0, evictions=0, writeback_bytes=0,   # UVM plans never take the C path
+        faults=0, fault_bytes=0, evictions=0, writeback_bytes=0,   # UVM plans take fastuvm.py's path
         stall_by_op={ops[op]: {"data_us": ps_to_us(d), "memory_us": ps_to_us(m)} for op, d, m in stalls},
         progress=progress)
     result.link_utilisation = {name: (nbytes * 10**12 / (cap * end) if end else 0.0)

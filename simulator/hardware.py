@@ -18,6 +18,9 @@ from .units import MAX_BYTES, MAX_GBPS, MAX_US, gbps_to_bytes_per_s, parse_size
 DUPLEX_MODES = ("full", "half")
 SSD_PATHS = ("host", "direct")
 UVM_BACKINGS = ("host", "ssd")
+CODEC_FORMATS = ("zvc", "fp16", "bf16", "int8", "binarize")   # R40
+LOSSY_FORMATS = frozenset({"fp16", "bf16", "int8"})
+CODEC_PLACES = ("dma", "compute")                              # R41
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,23 @@ DEFAULT_UVM = Uvm()
 
 
 @dataclass(frozen=True)
+class Codec:
+    """A named compression or encoding (R40-R42): its ``format`` and where it runs, in
+    the copy engine as data moves (``dma``: no time of its own) or as GPU kernels on the
+    compute stream (``compute``: encode and decode throughputs over the uncompressed
+    bytes)."""
+    name: str
+    format: str
+    where: str
+    encode_gbps: float | None = None
+    decode_gbps: float | None = None
+
+    @property
+    def lossy(self) -> bool:
+        return self.format in LOSSY_FORMATS
+
+
+@dataclass(frozen=True)
 class Hardware:
     """One machine as the simulator sees it."""
     name: str
@@ -94,6 +114,14 @@ class Hardware:
     source: str = ""
     cpu: Cpu | None = None
     uvm: Uvm = DEFAULT_UVM
+    codecs: tuple[Codec, ...] = ()
+
+    def codec(self, name: str) -> Codec | None:
+        """The codec of that name, or None."""
+        for codec in self.codecs:
+            if codec.name == name:
+                return codec
+        return None
 
     def to_dict(self) -> dict:
         """A JSON-ready dict; sizes in bytes, bandwidths in GB/s. The ``uvm`` section is
@@ -104,6 +132,10 @@ class Hardware:
             data.pop("cpu")
         if self.uvm == DEFAULT_UVM:
             data.pop("uvm")
+        data.pop("codecs")
+        if self.codecs:
+            data["codecs"] = {c.name: {k: v for k, v in asdict(c).items() if k != "name" and v is not None}
+                              for c in self.codecs}
         return data
 
 
@@ -113,7 +145,7 @@ def hardware_from_dict(data, file: str = "<hardware>") -> Hardware:
     Raises InputError naming the field for anything missing, unknown or out of range.
     """
     top = Reader(data, file)
-    top.reject_unknown({"name", "description", "gpu", "pcie", "host", "ssd", "cpu", "uvm"})
+    top.reject_unknown({"name", "description", "gpu", "pcie", "host", "ssd", "cpu", "uvm", "codecs"})
     name = top.string("name")
     top.string("description", default="")
 
@@ -167,9 +199,37 @@ def hardware_from_dict(data, file: str = "<hardware>") -> Hardware:
     uvm = DEFAULT_UVM
     if top.get("uvm", None) is not None:
         uvm = _uvm_from(top.mapping("uvm"), file, ssd is not None)
-    hardware = Hardware(name=name, gpu=gpu, pcie=pcie, host=host, ssd=ssd, source=file, cpu=cpu, uvm=uvm)
+    codecs = _codecs_from(top.mapping("codecs")) if top.get("codecs", None) is not None else ()
+    hardware = Hardware(name=name, gpu=gpu, pcie=pcie, host=host, ssd=ssd, source=file, cpu=cpu, uvm=uvm,
+                        codecs=codecs)
     check_limits(hardware, file)
     return hardware
+
+
+def _codecs_from(codecs_r: Reader) -> tuple[Codec, ...]:
+    """The ``codecs`` section (R40-R42): name -> {format, where, encode_gbps, decode_gbps};
+    compute codecs need both throughputs, dma codecs take none (the copy engine
+    compresses at the link's speed)."""
+    out = []
+    for name in codecs_r.data:
+        if not isinstance(name, str) or not name:
+            raise codecs_r.error(str(name), "a codec's name must be a non-empty string")
+        r = codecs_r.mapping(name)
+        r.reject_unknown({"format", "where", "encode_gbps", "decode_gbps"})
+        fmt = r.string("format", choices=CODEC_FORMATS)
+        where = r.string("where", choices=CODEC_PLACES)
+        if where == "compute":
+            codec = Codec(name, fmt, where, r.number("encode_gbps", positive=True),
+                          r.number("decode_gbps", positive=True))
+        else:
+            for key in ("encode_gbps", "decode_gbps"):
+                if r.get(key, None) is not None:
+                    raise r.error(key, "a dma codec runs in the copy engine at the link's speed: no throughput")
+            if fmt == "binarize":
+                raise r.error("format", "binarize is an on-GPU encoding (R42): where must be compute")
+            codec = Codec(name, fmt, where)
+        out.append(codec)
+    return tuple(out)
 
 
 def _uvm_from(uvm_r: Reader, file: str, has_ssd: bool) -> Uvm:
@@ -208,6 +268,10 @@ def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:
     if hardware.cpu is not None:
         latencies.append(("cpu.launch_us", hardware.cpu.launch_us))
         rates += [("cpu.tflops", hardware.cpu.tflops), ("cpu.mem_gbps", hardware.cpu.mem_gbps)]
+    for codec in hardware.codecs:
+        if codec.where == "compute":
+            rates += [(f"codecs.{codec.name}.encode_gbps", codec.encode_gbps),
+                      (f"codecs.{codec.name}.decode_gbps", codec.decode_gbps)]
     sizes.append(("uvm.block", hardware.uvm.block_bytes))
     if hardware.uvm.host_cache_bytes is not None:
         sizes.append(("uvm.host_cache", hardware.uvm.host_cache_bytes))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jsonschema
 
+from .arena import Placement
 from .errors import InputError
 from .fields import is_id_list
 from .files import read_document, write_atomic
@@ -21,7 +22,8 @@ from .profile import Profile, profile_sha256, schedule_problem
 from .units import MAX_BYTES, MAX_COUNT
 
 FORMAT = "swapplan-plan/1"
-ACTION_KINDS = ("offload", "prefetch", "drop", "recompute", "load", "store")
+ACTION_KINDS = ("offload", "prefetch", "drop", "recompute", "load", "store", "encode", "decode")
+CODEC_KINDS = ("encode", "decode")   # on-GPU encodings (R42)
 MEMORY_MODES = ("explicit", "uvm")   # explicit copies (R1-R28), or CUDA managed memory (R30-R37)
 HOST_KINDS = ("load", "store")   # SSD <-> host memory, for ops on the CPU (R26)
 TIERS = ("host", "ssd")
@@ -33,7 +35,9 @@ class Action:
 
     offload: tensor, to, after; prefetch: tensor, source ("from" in JSON), after,
     before; drop: tensor, after; recompute: tensor, before; load (SSD -> host memory)
-    and store (host memory -> SSD): tensor, after.
+    and store (host memory -> SSD): tensor, after; encode: tensor, after, codec; decode:
+    tensor, before, codec (R42). ``codec`` on an offload or prefetch compresses it (R41);
+    ``group`` makes it one transfer with the others of that group (R53).
     """
     kind: str
     tensor: str
@@ -41,13 +45,24 @@ class Action:
     source: str | None = None
     after: str | None = None
     before: str | None = None
+    codec: str | None = None
+    group: str | None = None
 
     def to_dict(self) -> dict:
-        if self.kind == "offload":
-            return {"kind": "offload", "tensor": self.tensor, "to": self.to, "after": self.after}
-        if self.kind == "prefetch":
-            return {"kind": "prefetch", "tensor": self.tensor, "from": self.source,
-                    "after": self.after, "before": self.before}
+        if self.kind in ("offload", "prefetch"):
+            data = ({"kind": "offload", "tensor": self.tensor, "to": self.to, "after": self.after}
+                    if self.kind == "offload" else
+                    {"kind": "prefetch", "tensor": self.tensor, "from": self.source, "after": self.after,
+                     "before": self.before})
+            if self.codec is not None:
+                data["codec"] = self.codec
+            if self.group is not None:
+                data["group"] = self.group
+            return data
+        if self.kind == "encode":
+            return {"kind": "encode", "tensor": self.tensor, "after": self.after, "codec": self.codec}
+        if self.kind == "decode":
+            return {"kind": "decode", "tensor": self.tensor, "before": self.before, "codec": self.codec}
         if self.kind in ("drop", "load", "store"):
             return {"kind": self.kind, "tensor": self.tensor, "after": self.after}
         return {"kind": "recompute", "tensor": self.tensor, "before": self.before}
@@ -56,12 +71,21 @@ class Action:
         return f"{self.kind} {self.tensor}"
 
 
-def offload(tensor: str, after: str | None, to: str = "host") -> Action:
-    return Action("offload", tensor, to=to, after=after)
+def offload(tensor: str, after: str | None, to: str = "host", codec: str | None = None) -> Action:
+    return Action("offload", tensor, to=to, after=after, codec=codec)
 
 
-def prefetch(tensor: str, after: str | None, before: str | None, source: str = "host") -> Action:
-    return Action("prefetch", tensor, source=source, after=after, before=before)
+def prefetch(tensor: str, after: str | None, before: str | None, source: str = "host",
+             codec: str | None = None) -> Action:
+    return Action("prefetch", tensor, source=source, after=after, before=before, codec=codec)
+
+
+def encode(tensor: str, after: str, codec: str) -> Action:
+    return Action("encode", tensor, after=after, codec=codec)
+
+
+def decode(tensor: str, before: str, codec: str) -> Action:
+    return Action("decode", tensor, before=before, codec=codec)
 
 
 def drop(tensor: str, after: str) -> Action:
@@ -120,6 +144,9 @@ class Plan:
     memory: str = "explicit"                   # "uvm": every tensor in managed memory (R30-R37)
     read_mostly: tuple[str, ...] = ()          # UVM: tensors advised read-mostly (R34)
     uvm_backing: str | None = None             # UVM: "host" | "ssd" (R35); None: the machine's uvm.backing
+    allow_lossy: bool = False                  # lossy codecs (fp16, bf16, int8) may be used (R40)
+    placement: Placement | None = None         # an offset per GPU allocation in one arena (R50)
+    variants: dict[str, str] = field(default_factory=dict)   # op id -> the variant it runs (R52)
     origin: str = field(default="<plan>", compare=False)
 
     @property
@@ -133,9 +160,21 @@ class Plan:
         return self.memory == "uvm"
 
     @property
+    def uses_codecs(self) -> bool:
+        """Does the plan compress transfers or encode tensors on the GPU (R40-R42)?"""
+        return any(a.codec is not None for a in self.actions)
+
+    @property
     def reference_only(self) -> bool:
-        """Only the Python engine runs it: the C fast path has no CPU stream and no UVM."""
-        return self.uvm or self.uses_cpu
+        """Only the Python engine runs it: the C fast path has no CPU stream, no UVM and
+        no codecs, no op variants and no groups, and counts bytes, not address ranges."""
+        return (self.uvm or self.uses_cpu or self.uses_codecs or self.placement is not None or bool(self.variants)
+                or self.uses_groups)
+
+    @property
+    def uses_groups(self) -> bool:
+        """Are some transfers grouped into one (R53)?"""
+        return any(a.group is not None for a in self.actions)
 
     def to_dict(self) -> dict:
         profile = {"name": self.profile_name}
@@ -160,6 +199,12 @@ class Plan:
             data["read_mostly"] = list(self.read_mostly)
         if self.uvm_backing is not None:
             data["uvm_backing"] = self.uvm_backing
+        if self.allow_lossy:
+            data["allow_lossy"] = True
+        if self.placement is not None:
+            data["placement"] = self.placement.to_dict()
+        if self.variants:
+            data["variants"] = dict(sorted(self.variants.items()))
         return data
 
 
@@ -208,7 +253,7 @@ def plan_from_dict(data, file: str = "<plan>") -> Plan:
         kind = item["kind"]
         actions.append(Action(kind=kind, tensor=item["tensor"], to="ssd" if kind == "store" else item.get("to"),
                               source="ssd" if kind == "load" else item.get("from"), after=item.get("after"),
-                              before=item.get("before")))
+                              before=item.get("before"), codec=item.get("codec"), group=item.get("group")))
     raw_planner = data.get("planner") or {"name": "unknown"}
     planner = PlannerInfo(name=raw_planner["name"], params=raw_planner.get("params", {}),
                           seconds=raw_planner.get("seconds"),
@@ -231,6 +276,10 @@ def plan_from_dict(data, file: str = "<plan>") -> Plan:
         memory=data.get("memory", "explicit"),
         read_mostly=tuple(data.get("read_mostly") or ()),
         uvm_backing=data.get("uvm_backing"),
+        allow_lossy=bool(data.get("allow_lossy", False)),
+        placement=None if data.get("placement") is None else
+        Placement(data["placement"]["arena_bytes"], dict(data["placement"]["offsets"])),
+        variants=dict(data.get("variants") or {}),
         origin=file,
     )
 
@@ -256,9 +305,12 @@ _ACTION_KEYS = {"offload": frozenset({"kind", "tensor", "to", "after"}),
                 "drop": frozenset({"kind", "tensor", "after"}),
                 "recompute": frozenset({"kind", "tensor", "before"}),
                 "load": frozenset({"kind", "tensor", "after"}),
-                "store": frozenset({"kind", "tensor", "after"})}
+                "store": frozenset({"kind", "tensor", "after"}),
+                "encode": frozenset({"kind", "tensor", "after", "codec"}),
+                "decode": frozenset({"kind", "tensor", "before", "codec"})}
+_OPTIONAL_KEYS = frozenset({"codec", "group"})     # an offload's or prefetch's optional fields
 _NULLABLE = {"offload": ("after",), "prefetch": ("after", "before"), "drop": (), "recompute": (),
-             "load": ("after",), "store": ("after",)}
+             "load": ("after",), "store": ("after",), "encode": (), "decode": ()}
 
 
 def _actions_ok(actions) -> bool:
@@ -269,8 +321,15 @@ def _actions_ok(actions) -> bool:
         if type(item) is not dict:
             return False
         kind = item.get("kind")
-        if type(kind) is not str or kind not in _ACTION_KEYS or item.keys() != _ACTION_KEYS[kind]:
+        if type(kind) is not str or kind not in _ACTION_KEYS:
             return False
+        if item.keys() != _ACTION_KEYS[kind]:
+            if kind not in ("offload", "prefetch") or not (_ACTION_KEYS[kind] <= item.keys() <= _ACTION_KEYS[kind]
+                                                           | _OPTIONAL_KEYS):
+                return False
+            for key in _OPTIONAL_KEYS & item.keys():
+                if type(item[key]) is not str or not item[key]:
+                    return False
         tensor = item["tensor"]
         if type(tensor) is not str or not tensor:
             return False
@@ -377,6 +436,13 @@ def check_plan(plan: Plan, profile: Profile, has_ssd: bool = True, has_cpu: bool
         if not has_ssd and "ssd" in (action.to, action.source):
             key = {"offload": "to", "prefetch": "from"}.get(action.kind, "kind")
             raise InputError(file, f"{_action_where(i, action)}.{key}", "the hardware has no SSD")
+    for op_id, name in plan.variants.items():
+        if op_id not in op_index:
+            raise InputError(file, f"variants.{op_id}", f"unknown op {op_id!r}")
+        if profile.ops[op_index[op_id]].variant(name) is None:
+            known = ", ".join(v.name for v in profile.ops[op_index[op_id]].variants) or "none"
+            raise InputError(file, f"variants.{op_id}", f"op {op_id!r} has no variant {name!r} (its variants: "
+                                                        f"{known})")
     if plan.cpu_ops and not has_cpu:
         raise InputError(file, "cpu_ops", "the hardware describes no CPU (a `cpu` section: tflops, mem_gbps, "
                                           "launch_us) to run these ops on")
@@ -414,6 +480,16 @@ def _field_problem(action: Action) -> tuple[str, str] | None:
         return "after", "a drop needs the op after which it happens"
     if action.kind == "recompute" and action.before is None:
         return "before", "a recompute needs the op it runs before"
+    if action.kind == "encode" and action.after is None:
+        return "after", "an encode needs the op after which it runs"
+    if action.kind == "decode" and action.before is None:
+        return "before", "a decode needs the op it runs before"
+    if action.kind in CODEC_KINDS and not action.codec:
+        return "codec", f"an {action.kind} needs a codec"
+    if action.codec is not None and action.kind not in ("offload", "prefetch") + CODEC_KINDS:
+        return "codec", f"a {action.kind} takes no codec"
+    if action.group is not None and action.kind not in ("offload", "prefetch"):
+        return "group", f"a {action.kind} takes no group (offloads and prefetches do, R53)"
     return None
 
 

@@ -37,9 +37,12 @@ _TENSOR_FIELDS = {"id", "bytes", "kind", "name", "shape", "dtype"}
 _OP_FIELDS = {"id", "name", "phase", "time_us", "inputs", "outputs", "updates",
               "workspace_bytes", "flops", "module"}
 _TOP_FIELDS = {"format", "name", "source", "tensors", "ops"}
-# Optional node identity for a runtime (``fx``, docs/runtime.md): accepted by the
-# field-by-field readers only, so the fast paths above stay as they are.
+# Optional node identity for a runtime (``fx``, docs/runtime.md) and measured sparsity
+# (``density``, R40): accepted by the field-by-field readers only, so the fast paths
+# above stay as they are.
 _FX_FIELD = "fx"
+_DENSITY_FIELD = "density"
+_VARIANTS_FIELD = "variants"
 FX_REWRITES = ("inplace_accumulate", "foreach_split")
 INPUT_ROLES = ("parameter", "buffer", "optimizer_state", "batch", "target")
 
@@ -96,6 +99,7 @@ class Tensor:
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
     fx: TensorNode | None = None
+    density: float | None = None     # fraction of non-zero elements (R40); None: not measured (1)
 
     @property
     def persistent(self) -> bool:
@@ -110,9 +114,23 @@ class Tensor:
             data["shape"] = list(self.shape)
         if self.dtype is not None:
             data["dtype"] = self.dtype
+        if self.density is not None:
+            data["density"] = self.density
         if self.fx is not None:
             data["fx"] = self.fx.to_dict()
         return data
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """Another way to run an op (R52): cuDNN's convolution algorithms trade time for
+    workspace. A plan may choose it (``variants``: op id -> name)."""
+    name: str
+    time_us: float
+    workspace_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "time_us": float(self.time_us), "workspace_bytes": self.workspace_bytes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +147,13 @@ class Op:
     flops: float | None = None
     module: str | None = None
     fx: OpNode | None = None
+    variants: tuple[Variant, ...] = ()       # other algorithms a plan may choose (R52)
+
+    def variant(self, name: str) -> Variant | None:
+        for variant in self.variants:
+            if variant.name == name:
+                return variant
+        return None
 
     def to_dict(self) -> dict:
         data = {"id": self.id, "name": self.name, "phase": self.phase,
@@ -142,6 +167,8 @@ class Op:
             data["flops"] = float(self.flops)
         if self.module is not None:
             data["module"] = self.module
+        if self.variants:
+            data["variants"] = [v.to_dict() for v in self.variants]
         if self.fx is not None:
             data["fx"] = self.fx.to_dict()
         return data
@@ -674,7 +701,7 @@ def _tensor_from_dict(item, file: str, i: int) -> Tensor:
     r = Reader(item, file, f"tensors[{i}]")
     tid = r.string("id")
     r.where = f"tensors[{i}] ({tid})"
-    r.reject_unknown(_TENSOR_FIELDS | {_FX_FIELD})
+    r.reject_unknown(_TENSOR_FIELDS | {_FX_FIELD, _DENSITY_FIELD})
     shape = r.get("shape", None)
     if shape is not None:
         if not isinstance(shape, list) or any(
@@ -683,14 +710,24 @@ def _tensor_from_dict(item, file: str, i: int) -> Tensor:
         shape = tuple(shape)
     return Tensor(id=tid, bytes=r.integer("bytes"), kind=r.string("kind", choices=TENSOR_KINDS),
                   name=r.string("name", default=None), shape=shape,
-                  dtype=r.string("dtype", default=None), fx=_tensor_node(r))
+                  dtype=r.string("dtype", default=None), fx=_tensor_node(r), density=_density(r))
+
+
+def _density(r: Reader) -> float | None:
+    """The optional ``density`` (R40): a fraction of non-zero elements, 0 to 1."""
+    value = r.get(_DENSITY_FIELD, None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise r.error(_DENSITY_FIELD, f"expected a fraction of non-zero elements from 0 to 1, got {value!r}")
+    return float(value)
 
 
 def _op_from_dict(item, file: str, i: int) -> Op:
     r = Reader(item, file, f"ops[{i}]")
     oid = r.string("id")
     r.where = f"ops[{i}] ({oid})"
-    r.reject_unknown(_OP_FIELDS | {_FX_FIELD})
+    r.reject_unknown(_OP_FIELDS | {_FX_FIELD, _VARIANTS_FIELD})
     flops = r.get("flops", None)
     return Op(
         id=oid,
@@ -704,7 +741,34 @@ def _op_from_dict(item, file: str, i: int) -> Op:
         flops=None if flops is None else r.number("flops"),
         module=r.string("module", default=None),
         fx=_op_node(r),
+        variants=_variants(r),
     )
+
+
+def _variants(r: Reader) -> tuple[Variant, ...]:
+    """The optional ``variants`` of an op (R52): a list of {name, time_us, workspace_bytes},
+    names unique and none called "default"."""
+    if _VARIANTS_FIELD not in r.data:
+        return ()
+    items = r.get(_VARIANTS_FIELD)
+    if not isinstance(items, list):
+        raise r.error(_VARIANTS_FIELD, "expected a list of {name, time_us, workspace_bytes}")
+    out, seen = [], set()
+    for i, item in enumerate(items):
+        v = Reader(item, r.file, r.path(f"{_VARIANTS_FIELD}[{i}]"))
+        v.reject_unknown({"name", "time_us", "workspace_bytes"})
+        name = v.string("name")
+        if name in seen or name == "default":
+            raise v.error("name", f"{name!r} is {'used twice' if name in seen else 'reserved (the op itself)'}")
+        seen.add(name)
+        time_us = v.number("time_us")
+        workspace = v.integer("workspace_bytes", default=0)
+        if not time_us < MAX_US:
+            raise v.error("time_us", f"must be below 10^9 us, got {time_us} (R23)")
+        if not workspace < MAX_BYTES:
+            raise v.error("workspace_bytes", f"must be below 2^53, got {workspace} (R23)")
+        out.append(Variant(name, time_us, workspace))
+    return tuple(out)
 
 
 def _tensor_node(r: Reader) -> TensorNode | None:

@@ -13,24 +13,31 @@ The walk keeps, for each tensor, where the plan has put it:
     LEAVING  offloaded, its window open: readable, not writable (R11)
     AWAY     not on the GPU (dropped, or started off the GPU)
     INCOMING a prefetch is issued; usable from its ``before`` op on (R12, R13)
+    ENCODED  kept encoded on the GPU (R42) until its decode
     DEAD     freed after its last use
 
 Ops a plan places on the CPU (``cpu_ops``, R24-R29) run on a second stream and use host
 copies: the walk also keeps which copies are valid per tier, and who wrote the host copy
-(a transfer, or a CPU item), which the reader waits for.
+(a transfer, or a CPU item), which the reader waits for. Codecs (R40-R42) add encode and
+decode items to the compute sequence (``codec_items``) and compressed sizes to transfers;
+the walk keeps which codec wrote each off-GPU copy.
 """
 from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
 
+from .arena import allocation_keys, placement_problem
+from .codecs import codec_problem, codec_ps, compressed_bytes
 from .compiled import CompiledProfile, Machine, Route
+from .errors import InputError
 from .units import us_to_ps
 from .plan import Action, Plan
 from .profile import Profile, order_violation
-from .sequence import Sequence, build_sequence
+from .sequence import CodecItem, Sequence, build_sequence
 
 UNBORN, GPU, LEAVING, AWAY, INCOMING, DEAD = "unborn", "gpu", "leaving", "away", "incoming", "dead"
+ENCODED = "encoded"
 
 
 class PlanInvalid(Exception):
@@ -57,6 +64,9 @@ class Transfer:
     before_item: int = -1            # prefetch: first item that waits for it (-1: none)
     after_op: str | None = None
     source_item: int = -1            # prefetch or store: the CPU item that wrote its host source (R27)
+    buffer: str | None = None        # compute codec (R41): the encoded GPU buffer it moves instead of the tensor
+    members: tuple = ()              # R53: the other transfers of its group, when it leads one
+    total: int = 0                   # bytes its flow moves: its own, or its group's when it leads one
 
 
 @dataclass(eq=False, slots=True)
@@ -84,19 +94,76 @@ class Program:
     uvm: bool = False                    # managed memory (R30-R37): simulator/uvm.py compiled it
     read_mostly: frozenset = frozenset()  # UVM: tensor ids advised read-mostly (R34)
     backing: str = "host"                # UVM: the tier behind managed memory (R35)
+    buffer_bytes: dict = None            # codecs (R41, R42): encoded GPU buffer id -> bytes
+    placement: object = None             # R50: the plan's Placement, checked against ``keys``
+    keys: object = None                  # R50, R51: every GPU allocation's key (simulator/arena.py)
+    group_names: dict = None             # R53: a group's lead transfer -> the group id
+    lossy: tuple = ()                    # tensors a lossy codec encodes (R40)
 
 
-def compute_sequence(profile: Profile, compiled: CompiledProfile, plan: Plan) -> Sequence:
+def compute_sequence(profile: Profile, compiled: CompiledProfile, plan: Plan, machine: Machine | None = None) -> Sequence:
     """The plan's compute sequence: the compiled default one when the plan neither
-    reorders ops nor recomputes."""
+    reorders ops, recomputes nor runs codecs on the GPU."""
     recomputes: dict[str, list[str]] = {}
     for action in plan.actions:
         if action.kind == "recompute":
             recomputes.setdefault(action.before, []).append(action.tensor)
-    if plan.schedule is None and not recomputes:
+    decodes, encodes = codec_items(profile, plan, machine) if machine is not None and plan.uses_codecs else ({}, {})
+    if plan.schedule is None and not recomputes and not decodes and not encodes and not plan.variants:
         return compiled.default_sequence
     order = list(plan.schedule) if plan.schedule is not None else [op.id for op in profile.ops]
-    return build_sequence(profile, compiled.op_ps, order, recomputes)
+    op_ps, workspace = compiled.op_ps, None
+    if plan.variants:                 # R52: the chosen variants' times and workspaces
+        op_ps, workspace = list(op_ps), {}
+        for op_id, name in plan.variants.items():
+            index = profile.op_index[op_id]
+            variant = profile.ops[index].variant(name)
+            op_ps[index] = us_to_ps(variant.time_us)
+            workspace[index] = variant.workspace_bytes
+    return build_sequence(profile, op_ps, order, recomputes, decodes, encodes, workspace)
+
+
+def buffer_id(tensor: str, codec: str) -> str:
+    """The id of a tensor's encoded GPU buffer (R41, R42) in memory and messages."""
+    return f"codec:{codec}:{tensor}"
+
+
+def codec_items(profile: Profile, plan: Plan, machine: Machine):
+    """R41, R42: the encode items after each op and the decode items before each op, in
+    plan order: those of encode and decode actions, and those of offloads and prefetches
+    with a compute codec. Raises PlanInvalid for a codec used where it cannot run."""
+    decodes: dict[str, list[CodecItem]] = {}
+    encodes: dict[str, list[CodecItem]] = {}
+    tensors = profile.tensor_by_id
+    for i, action in enumerate(plan.actions):
+        if action.codec is None:
+            continue
+        codec = machine.codecs[action.codec]
+        tid = action.tensor
+        tensor = tensors[tid]
+        buffer = buffer_id(tid, codec.name)
+        size = compressed_bytes(tensor, codec)
+        op = action.before if action.kind in ("decode", "prefetch") else action.after
+        if action.kind in ("encode", "decode") and codec.where == "dma":
+            raise PlanInvalid("R42", op, tid, f"{action.kind} of {tid!r} with codec {codec.name!r}: a dma codec "
+                                              "runs in the copy engine and cannot keep a tensor encoded on the GPU")
+        if codec.where == "dma":
+            continue
+        if op is None:
+            where = "after an op" if action.kind == "offload" else "before an op"
+            raise PlanInvalid("R41", None, tid, f"{action.kind} of {tid!r} with compute codec {codec.name!r} "
+                                                f"needs its kernel to run {where}: give the {action.kind}'s "
+                                                f"{'after' if action.kind == 'offload' else 'before'}")
+        if action.kind in ("encode", "offload"):
+            frees = (tid,) if action.kind == "encode" else ()
+            item = CodecItem("encode", tid, codec.name, buffer, (buffer,), size,
+                             codec_ps(tensor.bytes, codec.encode_gbps), frees, i)
+            encodes.setdefault(op, []).append(item)
+        else:
+            item = CodecItem("decode", tid, codec.name, buffer, (tid,), tensor.bytes,
+                             codec_ps(tensor.bytes, codec.decode_gbps), (buffer,), i)
+            decodes.setdefault(op, []).append(item)
+    return decodes, encodes
 
 
 def check_plan_rules(profile: Profile, plan: Plan) -> None:
@@ -126,15 +193,85 @@ def compile_program(profile: Profile, compiled: CompiledProfile, plan: Plan, mac
     the plan, not the profile. Raises PlanInvalid (rule, op, tensor, reason). Assumes
     ``check_plan`` passed (ids are known, SSD actions have an SSD).
     """
+    if plan.uses_codecs:
+        check_codec_names(plan, machine)
     if plan.memory == "uvm":
         from .uvm import compile_uvm   # R30-R37: the static rules of UVM mode
         return compile_uvm(profile, compiled, plan, machine)
     check_plan_rules(profile, plan)
     program = _Compiler(profile, compiled, plan, machine).compile()
+    for transfer in program.transfers:
+        transfer.total = transfer.nbytes
+    if plan.uses_groups:
+        group_transfers(program, plan)
+    if plan.uses_codecs:
+        program.buffer_bytes = {item.buffer: item.alloc_bytes for item in program.seq.codec.values()
+                                if item.kind == "encode"}
+        for transfer in program.transfers:
+            if transfer.buffer is not None:
+                program.buffer_bytes[transfer.buffer] = transfer.nbytes
+        codecs = machine.codecs
+        program.lossy = tuple(sorted({a.tensor for a in plan.actions if a.codec and codecs[a.codec].lossy}))
+    if plan.placement is not None:
+        program.placement = plan.placement
+        program.keys = allocation_keys(program, compiled)
+        problem = placement_problem(program.keys, plan.placement, frozenset(compiled.persistent_ids))
+        if problem is not None:
+            key, reason = problem
+            raise PlanInvalid("R50", None, key.rsplit("#", 1)[0] if "#" in key else None, reason)
     if plan.cpu_ops:
         program.cpu_ps = cpu_times(profile, program.seq, program.on_cpu, machine)
         program.deps = cross_stream_deps(profile, program.seq, program.on_cpu)
     return program
+
+
+def group_transfers(program: Program, plan: Plan) -> None:
+    """R53: the transfers of one group (the same ``group`` id) become one: the first, in
+    plan order, leads (its flow moves every member's bytes after one latency) and the
+    others leave the queues (each member's copy completes when the lead's ends). They
+    must be of one kind, issued after the same item, with the same ``before`` (for
+    prefetches) and tier; raises PlanInvalid otherwise."""
+    sinks = [(-1, program.start_actions)] + sorted(program.actions.items())
+    where: dict[str, int] = {}
+    for k, sink in sinks:
+        leads: dict[str, Transfer] = {}
+        kept = []
+        for item in sink:
+            group = plan.actions[item.action].group if isinstance(item, Transfer) else None
+            if group is None:
+                kept.append(item)
+                continue
+            if group in where and where[group] != k:
+                raise PlanInvalid("R53", item.after_op, item.tensor,
+                                  f"{item.kind} of {item.tensor!r} in group {group!r} is issued after another op "
+                                  "(or encode) than the group's first member: a group is one transfer")
+            where[group] = k
+            lead = leads.get(group)
+            if lead is None:
+                leads[group] = item
+                kept.append(item)
+                continue
+            if (item.kind, item.tier, item.before_item) != (lead.kind, lead.tier, lead.before_item):
+                raise PlanInvalid("R53", item.after_op, item.tensor,
+                                  f"{item.kind} of {item.tensor!r} differs from {lead.kind} of {lead.tensor!r} "
+                                  f"in group {group!r} (kind, tier or before): a group is one transfer")
+            lead.members += (item.index,)
+            lead.total += item.nbytes
+        sink[:] = kept
+        if program.group_names is None:
+            program.group_names = {}
+        for group, lead in leads.items():
+            program.group_names[lead.index] = group
+
+
+def check_codec_names(plan: Plan, machine: Machine) -> None:
+    """Every codec a plan names is one the hardware file defines (else an input error,
+    as an SSD action on a machine without an SSD is)."""
+    for i, action in enumerate(plan.actions):
+        if action.codec is not None and action.codec not in machine.codecs:
+            known = ", ".join(sorted(machine.codecs)) or "none"
+            raise InputError(plan.origin, f"actions[{i}] ({action.label()}).codec",
+                             f"unknown codec {action.codec!r} (hardware {machine.name!r} defines: {known})")
 
 
 def cpu_time_us(op, tensors: dict, cpu: tuple) -> float:
@@ -190,7 +327,7 @@ class _Compiler:
         self.compiled = compiled
         self.plan = plan
         self.machine = machine
-        self.seq = compute_sequence(profile, compiled, plan)
+        self.seq = compute_sequence(profile, compiled, plan, machine)
         self.tensors = profile.tensor_by_id
         self.planned = set(plan.initial) | {a.tensor for a in plan.actions}
         self.cpu_items = frozenset(self.seq.op_item[op_id] for op_id in plan.cpu_ops)
@@ -212,6 +349,9 @@ class _Compiler:
         self.incoming: dict[str, int] = {}              # tensor -> its prefetch's before item (-1: end)
         self.incoming_at: dict[int, list[str]] = {}
         self.updated_at: dict[str, list[int]] = {}
+        self.copy_codec: dict[tuple[str, str], str | None] = {}   # (tensor, tier) -> the codec of that copy
+        self.encoded: dict[str, str] = {}                         # tensor -> the codec keeping it encoded
+        self.codec_item_of: dict[int, int] | None = None          # plan action -> its codec item
         self.transfers: list[Transfer] = []
         self.waits: dict[int, list[Transfer]] = {}
         self.actions: dict[int, list] = {}
@@ -222,6 +362,20 @@ class _Compiler:
     def invalid(self, rule: str, k: int | None, tid: str | None, reason: str) -> PlanInvalid:
         op = self.seq.group[k] if k is not None and k >= 0 else None
         return PlanInvalid(rule, op, tid, reason)
+
+    def waiting_item(self, op_id: str) -> int:
+        """The item a prefetch before ``op_id`` makes wait: the first of the op's group that
+        is not a decode (R41, R42: decodes wait for their own prefetches only)."""
+        k = self.seq.group_start[op_id]
+        while k in self.seq.codec:
+            k += 1
+        return k
+
+    def decode_item(self, action_index: int) -> int:
+        """The decode item of a prefetch with a compute codec (R41)."""
+        if self.codec_item_of is None:
+            self.codec_item_of = {item.action: k for k, item in self.seq.codec.items()}
+        return self.codec_item_of[action_index]
 
     def has_use_from(self, tid: str, k: int) -> bool:
         uses = self.seq.uses.get(tid, [])
@@ -258,7 +412,8 @@ class _Compiler:
                 found.add(seq.op_item[op_id])
         for action in self.plan.actions:
             if action.kind == "prefetch" and action.before is not None:
-                found.add(seq.group_start[action.before])
+                found.add(self.waiting_item(action.before))
+        found.update(seq.codec)
         return sorted(found)
 
     # ------------------------------------------------------------------ the walk
@@ -266,8 +421,9 @@ class _Compiler:
     def compile(self) -> Program:
         seq, profile, plan = self.seq, self.profile, self.plan
         actions_after: dict[str | None, list[tuple[int, Action]]] = {}
+        codec_actions = {item.action for item in seq.codec.values() if item.kind == "encode"}   # issued there
         for i, action in enumerate(plan.actions):
-            if action.kind != "recompute":
+            if action.kind not in ("recompute", "decode", "encode") and i not in codec_actions:
                 actions_after.setdefault(action.after, []).append((i, action))
         for i, action in actions_after.get(None, ()):
             self.issue(i, action, -1, None, self.start_actions)
@@ -282,6 +438,9 @@ class _Compiler:
                         state[tid] = GPU
                         del self.incoming[tid]
             recomputed = recomputed_at[k]
+            if seq.codec and k in seq.codec:
+                self.walk_codec_item(k, seq.codec[k])
+                continue
             if k in self.cpu_items:
                 self.walk_cpu_item(k, op)
                 after = actions_after.get(groups[k])
@@ -328,9 +487,49 @@ class _Compiler:
         for transfer in self.transfers:
             if transfer.kind in ("offload", "store") and transfer.last_reader >= 0:
                 releases.setdefault(transfer.last_reader, []).append(transfer)
+        for tid, codec in self.encoded.items():
+            raise PlanInvalid("R42", None, tid, f"{tid!r} is encoded by codec {codec!r} and never decoded")
         return Program(seq=seq, waits=self.waits, releases=releases, actions=self.actions,
                        start_actions=self.start_actions, transfers=self.transfers,
                        initial_copies=dict(plan.initial), on_cpu=self.cpu_items, host_waits=self.host_waits)
+
+    def walk_codec_item(self, k: int, item: CodecItem) -> None:
+        """R41, R42: an encode keeps its tensor encoded on the GPU (a Gist encode frees the
+        tensor; a compute codec's offload is issued when its encode ends); a decode
+        brings the tensor back (a prefetch's decode: its prefetch arrives here)."""
+        tid, state, action = item.tensor, self.state, self.plan.actions[item.action]
+        st = state[tid]
+        if item.kind == "encode":
+            if st != GPU:
+                raise self.invalid("R42", k, tid, f"encode of {tid!r} after {self.seq.group[k]!r}: it is not "
+                                                  f"resident ({_state_words(st)})")
+            self.check_codec(k, tid, item.codec)
+            if action.kind == "offload":
+                self.issue(item.action, action, k, action.after, self.actions.setdefault(k, []))
+            else:
+                if not self.has_use_from(tid, k + 1):
+                    raise self.invalid("R42", k, tid, f"encode of {tid!r} after {self.seq.group[k]!r}: it is not "
+                                                      "used again, so there is nothing to decode it for")
+                state[tid] = ENCODED
+                self.encoded[tid] = item.codec
+        elif action.kind == "decode":
+            if st != ENCODED or self.encoded.get(tid) != item.codec:
+                what = (f"encoded by codec {self.encoded[tid]!r}" if st == ENCODED else _state_words(st))
+                raise self.invalid("R42", k, tid, f"decode of {tid!r} with codec {item.codec!r} before "
+                                                  f"{self.seq.group[k]!r}: it is not encoded by it ({what})")
+            del self.encoded[tid]
+            state[tid] = GPU
+
+    def check_codec(self, k: int, tid: str, codec_name: str) -> None:
+        """R40: may this codec encode tid here (lossy allowed, binarize's later uses, a
+        smaller size)?"""
+        uses = self.seq.uses.get(tid, [])
+        ops = self.profile.ops
+        later = [ops[self.seq.op_index[j]] for j in uses[bisect_left(uses, k + 1):]]
+        problem = codec_problem(self.profile, self.tensors[tid], self.machine.codecs[codec_name], later,
+                                self.plan.allow_lossy)
+        if problem is not None:
+            raise self.invalid(problem[0], k, tid, problem[1])
 
     def walk_cpu_item(self, k: int, op) -> None:
         """R26: a CPU op reads and updates host copies (waiting for the transfers that
@@ -339,6 +538,9 @@ class _Compiler:
         window closes: later GPU uses need a prefetch)."""
         copies, state = self.copies, self.state
         for tid in dict.fromkeys(op.inputs + op.updates):
+            if copies[tid].get("host") and self.copy_codec.get((tid, "host")):
+                raise self.invalid("R41", k, tid, f"op {op.id!r} runs on the CPU and reads {tid!r}, whose host copy "
+                                                  f"is compressed (codec {self.copy_codec[(tid, 'host')]!r})")
             if not copies[tid].get("host"):
                 verb = "updates" if tid in op.updates else "reads"
                 raise self.invalid("R26", k, tid, f"op {op.id!r} runs on the CPU and {verb} {tid!r}, which has no "
@@ -382,6 +584,9 @@ class _Compiler:
         if st in (GPU, LEAVING):
             return
         name = self.seq.name(k)
+        if st == ENCODED:
+            raise self.invalid("R42", k, tid, f"{name} {verb} {tid!r}, which is encoded on the GPU by codec "
+                                              f"{self.encoded[tid]!r} (decode it before)")
         if st == INCOMING:
             before = self.incoming[tid]
             target = self.seq.group[before] if before >= 0 else "the end of the iteration"
@@ -401,7 +606,7 @@ class _Compiler:
         if st in (GPU, INCOMING):
             raise self.invalid("R15", k, tid, f"recompute of {tid!r} before {group!r}: it is "
                                               f"{'resident' if st == GPU else 'incoming'}")
-        if st in (UNBORN, DEAD):
+        if st in (UNBORN, DEAD, ENCODED):
             raise self.invalid("R15", k, tid, f"recompute of {tid!r} before {group!r}: it is {_state_words(st)}")
         if op.updates:
             raise self.invalid("R15", k, tid, f"recompute of {tid!r}: its producer {op.id!r} updates "
@@ -455,8 +660,15 @@ class _Compiler:
         if st != GPU:
             raise self.invalid("R11", k, tid, f"offload of {tid!r} after {where}: it is not resident "
                                               f"({_state_words(st)})")
-        transfer = Transfer(len(self.transfers), action_index, "offload", tid, self.tensors[tid].bytes, action.to,
-                            self.machine.route("offload", action.to), -1, -1, -1, after)
+        nbytes, buffer = self.tensors[tid].bytes, None
+        if action.codec is not None:
+            self.check_codec(k, tid, action.codec)
+            nbytes = compressed_bytes(self.tensors[tid], self.machine.codecs[action.codec])
+            if self.machine.codecs[action.codec].where == "compute":
+                buffer = buffer_id(tid, action.codec)
+        transfer = Transfer(len(self.transfers), action_index, "offload", tid, nbytes, action.to,
+                            self.machine.route("offload", action.to), -1, -1, -1, after, buffer=buffer)
+        self.copy_codec[(tid, action.to)] = action.codec
         self.state[tid] = LEAVING
         self.open_offload[tid] = transfer
         self.copies[tid][action.to] = True
@@ -483,7 +695,7 @@ class _Compiler:
             raise self.invalid("R26", k, tid, f"prefetch of {tid!r} before op {action.before!r}, which runs on "
                                               "the CPU and reads host copies")
         if action.before is not None:
-            before_item = self.seq.group_start[action.before]
+            before_item = self.waiting_item(action.before)
             if before_item <= k:
                 raise self.invalid("R12", k, tid, f"prefetch of {tid!r}: before op {action.before!r} "
                                                   f"does not come after {where}")
@@ -493,11 +705,24 @@ class _Compiler:
         elif not persistent:
             raise self.invalid("R12", k, tid, f"prefetch of {tid!r} with before=null: only persistent "
                                               "tensors can be returned by the end of the iteration")
+        written = self.copy_codec.get((tid, action.source))
+        if action.codec != written:
+            raise self.invalid("R41", k, tid, f"prefetch of {tid!r} from {action.source} with "
+                                              f"{'codec ' + repr(action.codec) if action.codec else 'no codec'}: "
+                                              f"its source copy was written "
+                                              f"{'by codec ' + repr(written) if written else 'uncompressed'}")
+        nbytes, buffer = self.tensors[tid].bytes, None
+        if action.codec is not None:
+            codec = self.machine.codecs[action.codec]
+            nbytes = compressed_bytes(self.tensors[tid], codec)
+            if codec.where == "compute":
+                buffer = buffer_id(tid, action.codec)
+                before_item = self.decode_item(action_index)
         self.close_window(tid)
         source = self.last_offload_to.get((tid, action.source))
-        transfer = Transfer(len(self.transfers), action_index, "prefetch", tid, self.tensors[tid].bytes,
+        transfer = Transfer(len(self.transfers), action_index, "prefetch", tid, nbytes,
                             action.source, self.machine.route("prefetch", action.source),
-                            -1 if source is None else source.index, -1, before_item, after)
+                            -1 if source is None else source.index, -1, before_item, after, buffer=buffer)
         if action.source == "host":
             transfer.source_item = self.host_item_writer.get(tid, -1)
         self.state[tid] = INCOMING
@@ -520,6 +745,9 @@ class _Compiler:
         if copies.get("host"):
             raise self.invalid("R26", k, tid, f"load of {tid!r} after {where}: it already has a valid copy "
                                               "in host memory")
+        if self.copy_codec.get((tid, "ssd")):
+            raise self.invalid("R41", k, tid, f"load of {tid!r}: its SSD copy is compressed (codec "
+                                              f"{self.copy_codec[(tid, 'ssd')]!r}); loads and stores move plain copies")
         source = self.last_offload_to.get((tid, "ssd"))
         transfer = Transfer(len(self.transfers), action_index, "load", tid, self.tensors[tid].bytes, "ssd",
                             self.machine.route("load", "ssd"), -1 if source is None else source.index,
@@ -539,6 +767,9 @@ class _Compiler:
             raise self.invalid("R26", k, tid, f"store of {tid!r} after {where}: it is {_state_words(st)}")
         if not copies.get("host"):
             raise self.invalid("R26", k, tid, f"store of {tid!r} after {where}: no valid copy in host memory")
+        if self.copy_codec.get((tid, "host")):
+            raise self.invalid("R41", k, tid, f"store of {tid!r}: its host copy is compressed (codec "
+                                              f"{self.copy_codec[(tid, 'host')]!r}); loads and stores move plain copies")
         source = self.last_offload_to.get((tid, "host"))
         transfer = Transfer(len(self.transfers), action_index, "store", tid, self.tensors[tid].bytes, "ssd",
                             self.machine.route("store", "ssd"), -1 if source is None else source.index,
@@ -571,4 +802,5 @@ class _Compiler:
 def _state_words(st: str) -> str:
     return {UNBORN: "not produced yet", GPU: "resident", LEAVING: "being offloaded",
             AWAY: "offloaded or dropped, and not prefetched or recomputed",
-            INCOMING: "incoming", DEAD: "freed after its last use"}[st]
+            INCOMING: "incoming", ENCODED: "encoded on the GPU, not decoded yet",
+            DEAD: "freed after its last use"}[st]

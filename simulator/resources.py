@@ -132,6 +132,16 @@ class Memory:
     def fits(self, extra: int) -> bool:
         return self.used + extra <= self.budget
 
+    # where memory has address ranges (simulator/arena.py), these also find the ranges
+    def fits_item(self, k: int, extra: int) -> bool:
+        return self.used + extra <= self.budget
+
+    def fits_prefetch(self, transfers: list[int], extra: int) -> bool:
+        return self.used + extra <= self.budget
+
+    def fits_start(self, tid: str, extra: int) -> bool:
+        return self.used + extra <= self.budget
+
     def allocate(self, tensors, extra: int, now: int) -> None:
         for tid in tensors:
             self.resident.add(tid)
@@ -172,25 +182,25 @@ class Tiers:
         self.nbytes = nbytes
         self.used = {tier: 0 for tier in capacity}
         self.peak = {tier: 0 for tier in capacity}
-        self.held: set[tuple[str, str]] = set()
+        self.held: dict[tuple[str, str], int] = {}    # (tensor, tier) -> bytes its copy holds
 
-    def take(self, tid: str, tier: str) -> bool:
-        """Hold space for ``tid`` in ``tier``; False when that exceeds the capacity."""
+    def take(self, tid: str, tier: str, nbytes: int | None = None) -> bool:
+        """Hold space for ``tid`` in ``tier`` (``nbytes``: a compressed copy's size, R41);
+        False when that exceeds the capacity."""
         if (tid, tier) in self.held:
             return True
-        self.held.add((tid, tier))
-        self.used[tier] += self.nbytes[tid]
+        size = self.nbytes[tid] if nbytes is None else nbytes
+        self.held[(tid, tier)] = size
+        self.used[tier] += size
         self.peak[tier] = max(self.peak[tier], self.used[tier])
         return self.used[tier] <= self.capacity[tier]
 
     def release_tier(self, tid: str, tier: str) -> None:
         """Free tid's copy in one tier (a store frees the host copy, R26)."""
-        if (tid, tier) in self.held:
-            self.held.discard((tid, tier))
-            self.used[tier] -= self.nbytes[tid]
+        size = self.held.pop((tid, tier), None)
+        if size is not None:
+            self.used[tier] -= size
 
     def release(self, tid: str) -> None:
         for tier in self.capacity:
-            if (tid, tier) in self.held:
-                self.held.discard((tid, tier))
-                self.used[tier] -= self.nbytes[tid]
+            self.release_tier(tid, tier)

@@ -47,6 +47,7 @@ class Result:
     compute_us: float = 0.0
     recompute_us: float = 0.0
     cpu_us: float = 0.0                               # time the CPU stream was busy (R24-R28)
+    codec_us: float = 0.0                             # encode and decode kernels (R41, R42): part of compute_us
     stall_us: float = 0.0
     stall_data_us: float = 0.0
     stall_memory_us: float = 0.0
@@ -54,6 +55,8 @@ class Result:
     tail_us: float = 0.0
     peak_bytes: int = 0
     peak_at_us: float = 0.0
+    arena_bytes: int | None = None                    # R50, R51: the arena a runtime needs (None: bytes counted)
+    fragmentation: float | None = None                # R51: arena extent / peak live bytes
     bytes_h2d: int = 0
     bytes_d2h: int = 0
     bytes_ssd_read: int = 0
@@ -65,6 +68,7 @@ class Result:
     ssd_peak_bytes: int = 0
     transfers: int = 0
     recomputes: int = 0
+    lossy_tensors: list = field(default_factory=list)  # tensors a lossy codec encodes (R40)
     faults: int = 0                                  # UVM (R37): fault batches
     fault_bytes: int = 0                             # UVM: bytes they moved
     evictions: int = 0                               # UVM: blocks evicted (written back or discarded)

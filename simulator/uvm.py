@@ -57,6 +57,13 @@ def compile_uvm(profile: Profile, compiled: CompiledProfile, plan: Plan, machine
     backing = plan.uvm_backing or machine.uvm.backing
     check_plan_rules(profile, plan)   # R21, R20 (initial: persistent only), R15 (persistent recompute)
     for action in plan.actions:
+        if action.codec is not None:
+            raise PlanInvalid("R33", action.after or action.before, action.tensor,
+                              f"{action.kind} of {action.tensor!r} with codec {action.codec!r}: UVM mode models "
+                              "no codecs (R40-R42)")
+        if action.group is not None:
+            raise PlanInvalid("R33", action.after, action.tensor, f"{action.kind} of {action.tensor!r} in group "
+                              f"{action.group!r}: UVM mode's hints are not grouped (R53 is for explicit copies)")
         if action.kind in ("recompute", "load", "store"):
             raise PlanInvalid("R33", action.before if action.kind == "recompute" else action.after, action.tensor,
                               f"{action.kind} of {action.tensor!r}: UVM mode models no recomputes and no "
@@ -64,6 +71,9 @@ def compile_uvm(profile: Profile, compiled: CompiledProfile, plan: Plan, machine
                               "read-mostly tensors)")
     if plan.cpu_ops:
         raise PlanInvalid("R33", plan.cpu_ops[0], None, "ops on the CPU (cpu_ops) are not modelled in UVM mode")
+    if plan.placement is not None:
+        raise PlanInvalid("R33", None, None, "a placement (R50) is for explicit copies; in UVM mode the driver "
+                                             "places blocks")
     for tid, tier in plan.initial.items():
         if tier != backing:
             raise PlanInvalid("R36", None, tid, f"{tid!r} starts in {tier}, but managed memory is backed by "

@@ -1193,7 +1193,9 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
           dtype: str = "fp32", optimizer: str = "adamw",
           hardware: str | Hardware = DEFAULT_HARDWARE, name: str | None = None,
           gpu_kernels: bool = True, amp: str | None = None, hf_config=None,
-          runtime: bool = False) -> Profile:
+          runtime: bool = False, density: bool = False, density_batch: int | None = None,
+          density_seq: int | None = None, density_seed: int = 0,
+          density_threads: int | None = None) -> Profile:
     """Trace one training step of ``model`` into a Profile.
 
     Parameters
@@ -1226,13 +1228,23 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
         per-parameter optimizer temporaries (AdamW's ``sqrt(exp_avg_sq)``) count as
         workspace, and ``source`` records ``fx`` (its version) and ``--runtime`` in the
         command. Off by default: the shipped profiles have none of it.
+    density : measure every tensor's ``density`` (fraction of non-zero elements) on one
+        real CPU step of the traced graph (:mod:`tracer.density`): the model's own
+        seeded initial weights, fresh optimizer state and a seeded synthetic batch of
+        ``density_batch`` samples (default ``min(batch, 4)``) of sequence length (or image
+        side) ``density_seq`` (default ``seq``), seeded with ``density_seed``, on
+        ``density_threads`` intra-op threads (default 1: the same counts whatever the
+        machine's cores); the graph at those sizes must lower to the same tensors and
+        ops as at ``batch`` and ``seq``. ``source["density"]`` records how.
 
     Raises
     ------
     InputError("<argument>", field, problem) with a one-line problem for an unknown
     model, a bad ``module:callable``, bad sizes, a dtype the hardware lacks, both or
     neither of ``model`` and ``hf_config``, ``amp`` with a low-precision ``dtype``, or
-    a model that fails to trace; InputError naming the config file for a bad one.
+    a model that fails to trace; InputError naming the config file for a bad one;
+    with ``density``: a bad ``density_batch`` or ``density_seq``, a graph that differs
+    at those sizes, or an op with no CPU kernel.
     """
     _check_options(model, dtype, optimizer, name, amp, hf_config)
     hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
@@ -1255,6 +1267,11 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
         tensors, ops = lower(cap, hw, dtype, optimizer, runtime=runtime)
         source = _source(model, workload, dtype, optimizer, hw, gpu_kernels, torch.__version__,
                          amp, label if hf_config is not None else None, runtime)
+        if density:
+            tensors, note = _measure_density(model, hf_config, batch, seq, workload, cap, tensors, ops, hw,
+                                             dtype, optimizer, gpu_kernels, amp, density_batch, density_seq,
+                                             density_seed, density_threads)
+            source["density"] = note
         return Profile(name=name or _default_name(workload, dtype, optimizer, hw, gpu_kernels, amp),
                        tensors=tuple(tensors), ops=tuple(ops), source=source,
                        origin=f"<trace {label}>")
@@ -1263,6 +1280,84 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
     except Exception as exc:
         raise InputError("<argument>", "model" if hf_config is None else "hf-config",
                          f"{label} failed to trace: {models._one_line(exc)}") from None
+
+
+def _measure_density(model, hf_config, batch, seq, workload, cap, tensors, ops, hw, dtype, optimizer,
+                     gpu_kernels, amp, density_batch, density_seq, seed, threads=None) -> tuple[list, dict]:
+    """The tensors with their measured densities (:func:`trace`, :mod:`tracer.density`),
+    and what ``source["density"]`` says of how they were measured."""
+    import dataclasses
+
+    import torch
+
+    from tracer import density, models
+
+    for value, key in ((density_batch, "density-batch"), (density_seq, "density-seq"), (threads, "density-threads")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InputError("<argument>", key, f"must be a whole number >= 1, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InputError("<argument>", "density-seed", f"must be a whole number, got {seed!r}")
+    full_b, full_s = workload.batch, workload.seq
+    small_b = min(full_b, density.DEFAULT_BATCH) if density_batch is None else density_batch
+    small_s = full_s if density_seq is None else density_seq
+    if small_b > full_b:
+        raise InputError("<argument>", "density-batch",
+                         f"{small_b} is more than the traced batch ({full_b}): give at most {full_b}")
+    if density_seq is not None and full_s is None:
+        raise InputError("<argument>", "density-seq",
+                         f"{model} is traced without a seq: give --seq too, or no --density-seq")
+    if density_seq is not None and small_s > full_s:
+        raise InputError("<argument>", "density-seq",
+                         f"{small_s} is more than the traced seq ({full_s}): give at most {full_s}")
+
+    def build(b, s, device):
+        # the model is built as for the trace, but for the sizes (a user model: None is its own)
+        b_arg = batch if b == full_b else b
+        s_arg = seq if s == full_s else s
+        if hf_config is not None:
+            return models.from_hf_config(hf_config, batch=b_arg, seq=s_arg)
+        return models.build(model, batch=b_arg, seq=s_arg, device=device)
+
+    if (small_b, small_s) == (full_b, full_s):
+        small_cap = cap
+    else:
+        try:
+            small_workload = build(small_b, small_s, "meta")
+        except InputError as exc:
+            if density_batch is not None or density_seq is not None or exc.where != "batch":
+                raise InputError("<argument>", "density-batch" if exc.where == "batch" else "density-seq",
+                                 exc.problem) from None
+            small_b, small_cap = full_b, cap   # a user model without a batch argument: its own batch
+        else:
+            small_cap = capture(small_workload, dtype=dtype, optimizer=optimizer, gpu_kernels=gpu_kernels,
+                                amp=amp)
+    small_tensors, small_ops = lower(small_cap, hw, dtype, optimizer, runtime=True)
+    problem = density.structure_problem((tensors, ops), (small_tensors, small_ops))
+    if problem is not None:
+        at = f"batch {small_b}" + (f", seq {small_s}" if small_s != full_s else "")
+        traced = f"batch {full_b}" + (f", seq {full_s}" if small_s != full_s else "")
+        raise InputError("<argument>", "density-batch" if small_s == full_s else "density-seq",
+                         f"the graph at {at} differs from the traced one at {traced} ({problem}); "
+                         "measure at sizes where it does not (--density-batch, --density-seq)")
+    density.check_memory(small_tensors, small_ops, small_b, small_s)
+    torch.manual_seed(seed)
+    real = build(small_b, small_s, "cpu")
+    threads = density.DEFAULT_THREADS if threads is None else threads
+    note = {"measured": "one cpu step (forward, backward, optimizer) of the traced graph, the model's initial "
+                        "weights", "batch": small_b, "seq": small_s, "seed": seed, "threads": threads,
+            "digits": density.DIGITS}
+    wanted = None
+    if (small_b, small_s) != (full_b, full_s):
+        # A tensor of the same size at both sizes is a sum over the batch (a weight's gradient, the
+        # optimizer state made from it) or independent of it (weights, buffers): its zeros at a few
+        # samples are not those of the full batch. Not measured (module doc of tracer.density).
+        wanted = {b.id for a, b in zip(tensors, small_tensors) if a.bytes != b.bytes}
+        note["unmeasured"] = "tensors whose size does not depend on the batch (and seq): weights, their " \
+                             "gradients, optimizer state"
+    densities = density.measure(small_cap, small_tensors, small_ops, real, optimizer=optimizer, amp=amp,
+                                dtype=dtype, seed=seed, threads=threads, wanted=wanted)
+    tensors = [dataclasses.replace(t, density=densities.get(t.id)) for t in tensors]
+    return tensors, note
 
 
 def _check_options(model, dtype, optimizer, name, amp, hf_config) -> None:

@@ -1,0 +1,114 @@
+"""Offline placement (R50): an offset for every GPU allocation of a plan's iteration, so that
+a runtime can lay out one arena and never ask an allocator (``swapplan place``).
+
+Lifetimes come from the simulated iteration of the plan under its budget
+(simulator/engine.py ``allocation_lifetimes``): each allocation holds its bytes from the
+instant it is made to the instant it is freed (to the end of the iteration for what is
+still held then: persistent tensors, which are placed first). Blocks are then placed one
+by one, each at the lowest offset where it overlaps no placed block that is alive at the
+same time (first fit in address), in an order that is the method:
+
+- ``smartpool``: SmartPool's offline interval colouring (Zhang et al., arXiv 1903.06631):
+  cross-iteration blocks (held at the iteration's end) first, then by size, largest
+  first;
+- ``greedy-size``: the arena planners of practice (TFLite's greedy by size): by size,
+  largest first, then the longer lifetime first;
+- ``first-fit``: in allocation order, as an online first-fit allocator that knew no more
+  than the past would place them.
+
+Departures from SmartPool: lifetimes are simulated, not measured on a first iteration;
+sizes are not rounded (the placement is exact, byte for byte).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from simulator.api import Simulator
+from simulator.arena import Placement, allocation_keys
+from simulator.engine import allocation_lifetimes
+from simulator.errors import InputError
+from simulator.hardware import Hardware
+from simulator.plan import Plan, check_plan
+from simulator.profile import Profile
+from simulator.program import PlanInvalid, compile_program
+
+METHODS = ("smartpool", "greedy-size", "first-fit")
+
+
+def lowest_offset(size: int, busy: list[tuple[int, int]]) -> int:
+    """The lowest offset where [offset, offset + size) overlaps no range in ``busy``."""
+    at = 0
+    for start, end in sorted(busy):
+        if start >= at + size:
+            break
+        at = max(at, end)
+    return at
+
+
+def place_blocks(blocks: list[tuple[str, int, int, int, bool]], method: str) -> tuple[dict[str, int], int]:
+    """Offsets for (key, size, start, end, cross-iteration) blocks alive in [start, end),
+    and the arena they need."""
+    if method == "smartpool":
+        order = sorted(blocks, key=lambda b: (not b[4], -b[1], b[2], b[0]))
+    elif method == "greedy-size":
+        order = sorted(blocks, key=lambda b: (-b[1], -(b[3] - b[2]), b[2], b[0]))
+    elif method == "first-fit":
+        order = sorted(blocks, key=lambda b: (b[2], b[0]))
+    else:
+        raise InputError("<argument>", "--method", f"{method!r} is not one of {', '.join(METHODS)}")
+    placed: list[tuple[int, int, int, int]] = []    # (start time, end time, offset, offset end)
+    offsets: dict[str, int] = {}
+    arena = 0
+    for key, size, start, end, _ in order:
+        busy = [(lo, hi) for s, e, lo, hi in placed if s < end and start < e]
+        offset = lowest_offset(size, busy)
+        offsets[key] = offset
+        placed.append((start, end, offset, offset + size))
+        arena = max(arena, offset + size)
+    return offsets, arena
+
+
+def lifetimes(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None):
+    """(Result, blocks, zero-byte keys) of the plan's iteration: each GPU allocation as
+    (key, bytes, start ps, end ps, still held at the end); a zero-length one holds one ps.
+    Zero-byte allocations take no room but need a key too."""
+    sim = Simulator(profile, hardware)
+    bare = replace(plan, placement=None)
+    check_plan(bare, profile, sim.machine.has_ssd, sim.machine.cpu is not None)
+    budget = sim.budget(bare, budget_bytes)
+    try:
+        program = compile_program(profile, sim.compiled, bare, sim.machine)
+    except PlanInvalid as exc:
+        raise InputError(plan.origin, "plan", f"the plan is invalid ({exc.rule}: {exc.reason}); only a plan that "
+                                              "runs has lifetimes to place") from None
+    if program.uvm:
+        raise InputError(plan.origin, "memory", "a UVM plan has no placement: the driver places blocks (R33)")
+    result, log = allocation_lifetimes(sim.compiled, program, sim.machine, budget)
+    end_of_iteration = max((entry[3] for entry in log), default=0) + 1
+    blocks = []
+    for key, _, size, start, end in log:
+        held = end is None
+        stop = end_of_iteration if held else max(end, start + 1)
+        blocks.append((key, size, start, stop, held))
+    zero = [request.key for request in allocation_keys(program, sim.compiled).all() if request.size == 0]
+    return result, blocks, zero
+
+
+def place(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None = None,
+          method: str = "smartpool") -> tuple[Plan, dict]:
+    """The plan with a ``placement`` by ``method``, and figures: arena bytes, the peak of
+    live bytes, their ratio. InputError when the plan does not run (invalid or
+    infeasible: there are no lifetimes to place)."""
+    if method not in METHODS:
+        raise InputError("<argument>", "--method", f"{method!r} is not one of {', '.join(METHODS)}")
+    result, blocks, zero = lifetimes(profile, plan, hardware, budget_bytes)
+    if not result.ok:
+        raise InputError(plan.origin, "plan", f"the plan does not run ({result.reason}); only a plan that runs "
+                                              "has lifetimes to place")
+    offsets, arena = place_blocks(blocks, method)
+    for key in zero:
+        offsets[key] = 0
+    placed = replace(plan, placement=Placement(arena, dict(sorted(offsets.items()))))
+    live = result.peak_bytes
+    return placed, {"method": method, "arena_bytes": arena, "peak_live_bytes": live,
+                    "arena_over_live": arena / live if live else 1.0, "allocations": len(offsets)}

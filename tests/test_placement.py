@@ -1,0 +1,141 @@
+"""Placement (R50) and online allocator models (R51), and `swapplan place`'s methods.
+
+The staircase: o1 makes s (512 B); o2 reads s, makes L1 (1024 B); o3 reads L1, makes L2
+(1024 B); o4 reads L2. Every op takes 10 us. Lifetimes: s [0, 20), L1 [10, 30), L2
+[20, 40) us. The live peak is 2,048 B (L1 and L2 during o3). Placed in allocation order
+by first fit, s takes [0, 512), L1 [512, 1536), and L2 finds only the 512-byte hole
+below L1: it goes to 1536, an arena of 2,560 B. Largest first, L1 takes [0, 1024), L2
+[1024, 2048) and s fits under L2 (they never live together): 2,048 B, the optimum.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.placement import lowest_offset, place, place_blocks
+from simulator.api import Simulator
+from simulator.arena import Placement, Ranges
+from simulator.plan import Plan, offload, prefetch
+from simulator.profile import profile_sha256
+from tests.conftest import make_profile
+from tests.engine_helpers import machine
+
+
+def staircase():
+    return make_profile({"s": (512, "activation"), "L1": (1024, "activation"), "L2": (1024, "activation")},
+                        [("o1", "forward", 10.0, [], ["s"]), ("o2", "forward", 10.0, ["s"], ["L1"]),
+                         ("o3", "forward", 10.0, ["L1"], ["L2"]), ("o4", "forward", 10.0, ["L2"], [])],
+                        "staircase")
+
+
+def placed(profile, offsets, arena, *actions):
+    return Plan(profile.name, tuple(actions), profile_sha256=profile_sha256(profile),
+                placement=Placement(arena, offsets))
+
+
+def test_good_placement_runs_as_bytes_do_and_reports_the_arena():
+    profile = staircase()
+    r = Simulator(profile, machine()).simulate(placed(profile, {"s#1": 1024, "L1#1": 0, "L2#1": 1024}, 2048))
+    assert r.ok and r.iteration_us == 40.0 and r.arena_bytes == 2048 and r.peak_bytes == 2048
+    plain = Simulator(profile, machine()).simulate(Plan(profile.name))
+    assert plain.arena_bytes is None and plain.iteration_us == 40.0
+
+
+def test_overlapping_placement_is_infeasible_naming_the_holder():
+    profile = staircase()
+    r = Simulator(profile, machine()).simulate(placed(profile, {"s#1": 0, "L1#1": 0, "L2#1": 1024}, 2048))
+    assert r.valid and not r.feasible and r.op == "o2"
+    assert r.blocked["allocation"] == "L1#1" and r.blocked["held_by"] == "s"
+    assert "'L1#1' at [0, 1024) is held by 's'" in r.reason
+
+
+@pytest.mark.parametrize("offsets, arena, words", [
+    ({"s#1": 0, "L1#1": 1024}, 2048, "no offset for allocation 'L2#1'"),
+    ({"s#1": 0, "L1#1": 1024, "L2#1": 1536}, 2048, "passes the arena's 2048 bytes"),
+    ({"s#1": 0, "L1#1": 1024, "L2#1": 0, "L2#2": 0}, 2048, "names no GPU allocation"),
+])
+def test_invalid_placements(offsets, arena, words):
+    profile = staircase()
+    r = Simulator(profile, machine()).simulate(placed(profile, offsets, arena))
+    assert not r.valid and r.rule == "R50" and words in r.reason
+
+
+def test_arena_larger_than_the_budget_is_infeasible():
+    profile = staircase()
+    r = Simulator(profile, machine()).simulate(placed(profile, {"s#1": 0, "L1#1": 512, "L2#1": 1536}, 2560), 2048)
+    assert r.valid and not r.feasible and r.rule == "R50" and "larger than the budget" in r.reason
+
+
+def test_prefetch_and_persistent_keys_count_allocations():
+    # w is persistent (on the GPU from the start: w#1); a is made by f (a#1), offloaded, and
+    # prefetched back before b (a#2), which reads it
+    profile = make_profile({"w": (100, "weight"), "a": (200, "activation"), "z": (10, "activation")},
+                           [("f", "forward", 10.0, ["w"], ["a"]), ("g", "forward", 500.0, [], ["z"]),
+                            ("b", "backward", 10.0, ["a", "w"], [])], "keys")
+    hw = machine(h2d=1, d2h=1)
+    actions = (offload("a", "f"), prefetch("a", "g", "b"))
+    good = placed(profile, {"w#1": 0, "a#1": 100, "a#2": 100, "z#1": 300}, 310, *actions)
+    r = Simulator(profile, hw).simulate(good)
+    assert r.ok and r.arena_bytes == 310
+    missing = placed(profile, {"w#1": 0, "a#1": 100, "z#1": 300}, 310, *actions)
+    assert Simulator(profile, hw).simulate(missing).reason.startswith("no offset for allocation 'a#2'")
+
+
+def test_online_first_fit_fragments_and_waits():
+    profile = staircase()
+    sim = Simulator(profile, machine())
+    stuck = sim.simulate(Plan(profile.name), 2048, allocator="first-fit")
+    # L2 needs 1024 contiguous bytes; 1024 are free, as [0, 512) and [1536, 2048)
+    assert stuck.valid and not stuck.feasible and stuck.op == "o3"
+    assert stuck.blocked["fragmented"] is True and "fragmented" in stuck.reason
+    roomy = sim.simulate(Plan(profile.name), 4096, allocator="first-fit")
+    assert roomy.ok and roomy.arena_bytes == 2560 and roomy.fragmentation == pytest.approx(2560 / 2048)
+    best = sim.simulate(Plan(profile.name), 4096, allocator="best-fit")
+    assert best.ok and best.arena_bytes == 2560      # best fit cannot undo L1's place either
+
+
+def test_allocator_rounds_sizes_to_512():
+    profile = make_profile({"a": (1, "activation"), "b": (1, "activation")},
+                           [("o1", "forward", 1.0, [], ["a"]), ("o2", "forward", 1.0, ["a"], ["b"])], "tiny")
+    r = Simulator(profile, machine()).simulate(Plan(profile.name), allocator="first-fit")
+    assert r.ok and r.arena_bytes == 1024 and r.fragmentation == 512.0
+
+
+def test_methods_on_the_staircase():
+    profile = staircase()
+    plan = Plan(profile.name, profile_sha256=profile_sha256(profile))
+    arenas = {}
+    for method in ("smartpool", "greedy-size", "first-fit"):
+        out, figures = place(profile, plan, machine(), None, method)
+        r = Simulator(profile, machine()).simulate(out)
+        assert r.ok and r.arena_bytes == figures["arena_bytes"] and r.iteration_us == 40.0
+        arenas[method] = figures["arena_bytes"]
+    assert arenas == {"smartpool": 2048, "greedy-size": 2048, "first-fit": 2560}
+
+
+def test_place_blocks_and_gaps():
+    assert lowest_offset(10, [(0, 5), (20, 30)]) == 5
+    assert lowest_offset(20, [(0, 5), (20, 30)]) == 30
+    # cross-iteration blocks go first with smartpool: p (held to the end) takes offset 0
+    offsets, arena = place_blocks([("big", 100, 0, 10, False), ("p", 10, 0, 100, True)], "smartpool")
+    assert offsets == {"p": 0, "big": 10} and arena == 110
+    ranges = Ranges(100)
+    ranges.take("x", 10, 20)
+    assert ranges.holder(15, 16) == "x" and ranges.holder(20, 30) is None and ranges.find(15, "first-fit") == 20
+
+
+def test_place_refuses_a_plan_that_does_not_run():
+    profile = staircase()
+    with pytest.raises(Exception, match="does not run"):
+        place(profile, Plan(profile.name), machine(), 1024, "smartpool")
+
+
+def test_placement_round_trips_through_json(tmp_path):
+    from simulator.plan import load_plan, plan_json
+    profile = staircase()
+    plan = placed(profile, {"s#1": 1024, "L1#1": 0, "L2#1": 1024}, 2048)
+    path = tmp_path / "p.json"
+    path.write_text(plan_json(plan))
+    again = load_plan(path)
+    assert again.placement == plan.placement and replace(again, origin="x").placement.arena_bytes == 2048
