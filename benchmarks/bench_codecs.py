@@ -7,6 +7,7 @@ Run: ``.venv/bin/python benchmarks/bench_codecs.py [--hardware NAME] [PROFILE ..
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -53,13 +54,12 @@ def row(profile, hardware, budget, name, params=None, label=None):
 
 
 def main(argv: list[str]) -> None:
-    hardware_name = "a100-40gb-pcie4"
-    if "--hardware" in argv:
-        i = argv.index("--hardware")
-        hardware_name = argv[i + 1]
-        del argv[i:i + 2]
-    hardware = load_hardware(hardware_name)
-    paths = [Path(a) for a in argv] or shipped_with_density()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("profiles", nargs="*", help="profiles [default: the shipped ones]")
+    parser.add_argument("--hardware", default="a100-40gb-pcie4")
+    args = parser.parse_args(argv)
+    hardware = load_hardware(args.hardware)
+    paths = [Path(a) for a in args.profiles] or shipped_with_density()
     for path in paths:
         profile = load_profile(path)
         dens = [t.density for t in profile.tensors if t.density is not None and t.kind == "activation"]

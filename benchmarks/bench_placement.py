@@ -7,6 +7,7 @@ Run: ``.venv/bin/python benchmarks/bench_placement.py [--hardware NAME] [PROFILE
 """
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -36,13 +37,12 @@ def best_plan(profile, hardware, budget):
 
 
 def main(argv: list[str]) -> None:
-    hardware_name = "a100-40gb-pcie4"
-    if "--hardware" in argv:
-        i = argv.index("--hardware")
-        hardware_name = argv[i + 1]
-        del argv[i:i + 2]
-    hardware = load_hardware(hardware_name)
-    names = argv or [str(path) for path in catalog.shipped_profile_paths()]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("profiles", nargs="*", help="profiles [default: the shipped ones]")
+    parser.add_argument("--hardware", default="a100-40gb-pcie4")
+    args = parser.parse_args(argv)
+    hardware = load_hardware(args.hardware)
+    names = args.profiles or [str(path) for path in catalog.shipped_profile_paths()]
     print(f"{'profile':<36} {'plan':<9} " + " ".join(f"{m:>12}" for m in METHODS)
           + f" {'online ff':>10} {'online bf':>10}  (arena / live peak; seconds to place)")
     for name in names:

@@ -17,7 +17,7 @@ from simulator.hardware import Hardware
 from simulator.plan import Plan, check_plan
 from simulator.profile import Profile
 
-from .arena import align
+from .arena import PlacedArena, align
 from .pattern import Patterns
 from .program import lower
 from .scheduler import ReplayFailure, Scheduler, scaled_bytes
@@ -82,6 +82,10 @@ def replay(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int |
     if plan.uses_codecs:
         raise InputError(plan.origin, "actions", "the executor does not replay codecs (compressed transfers, "
                                                  "encode, decode) yet: `swapplan simulate` scores this plan")
+    if plan.variants or plan.uses_groups:
+        what = "op variants (R52)" if plan.variants else "grouped transfers (R53)"
+        raise InputError(plan.origin, "variants" if plan.variants else "actions",
+                         f"the executor does not replay {what} yet: `swapplan simulate` scores this plan")
     budget = resolve_budget(budget_bytes, plan, hardware)
     predicted = simulate(profile, plan, hardware, budget)
     base_us = predicted.iteration_us if predicted.ok else profile.ideal_us
@@ -89,13 +93,21 @@ def replay(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int |
     runtime = lower(profile, plan, hardware)
     largest = max((t.bytes for t in profile.tensors), default=0)
     patterns = Patterns(align(math.ceil(largest * size_scale)) // 8 + 1)
-    region = align(math.ceil(budget * size_scale)) + 8 * (len(profile.tensors) + 2)
+    placed = None
+    if plan.placement is not None:     # R50: the region is the placement's arena, scaled (PlacedArena.map)
+        placed = PlacedArena(plan.placement, size_scale,
+                             [key for key, _, nbytes, _ in runtime.allocations() if nbytes == 0])
+        region = placed.size
+    else:
+        region = align(math.ceil(budget * size_scale)) + 8 * (len(profile.tensors) + 2)
     try:
         engine = _backend(backend, runtime, profile, plan, time_scale, size_scale, patterns, region, tmpdir)
     except MemoryError:
-        raise InputError("<argument>", "--size-scale", f"a GPU region of {region} bytes (the budget x {size_scale:g}) "
+        what = "the placement's arena" if placed is not None else "the budget"
+        raise InputError("<argument>", "--size-scale", f"a GPU region of {region} bytes ({what} x {size_scale:g}) "
                          "does not fit in this machine's memory: give a smaller --size-scale") from None
-    scheduler = Scheduler(runtime, engine, budget, time_scale, size_scale, region, patterns, hardware.gpu.hbm_gbps)
+    scheduler = Scheduler(runtime, engine, budget, time_scale, size_scale, region, patterns, hardware.gpu.hbm_gbps,
+                          placed)
     if timeout_s is None:
         timeout_s = 60.0 + 4 * base_us * 1e-6 * time_scale
     failure = None
@@ -168,7 +180,11 @@ def _report(profile, plan, hardware, backend, budget, time_scale, size_scale, sc
         "peak_arena_bytes": measured["peak_arena_bytes"],
         "peak_extent_bytes": measured["peak_extent_bytes"],
         "arena_bytes": measured["arena_bytes"],
+        "predicted_arena_bytes": pred("arena_bytes"),
+        "region_bytes": measured["region_bytes"],
+        "placement": measured["placement"],
         "fragmentation": measured["fragmentation"],
+        "predicted_fragmentation": pred("fragmentation"),
         "link_bytes": measured["link_bytes"],
         "predicted_link_bytes": predicted_links,
         "link_relative_error": ({link: _error(measured["link_bytes"][link], predicted_links[link])
@@ -180,6 +196,7 @@ def _report(profile, plan, hardware, backend, budget, time_scale, size_scale, sc
         "late_items": measured["late_items"],
         "late_us": measured["late_us"],
         "hole_waits": measured["hole_waits"],
+        "range_waits": measured["range_waits"],
         "compactions": measured["compactions"],
         "compacted_bytes": measured["compacted_bytes"],
         "compaction_us": measured["compaction_us"],

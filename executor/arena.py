@@ -11,10 +11,15 @@ inside the region on either backend, as a runtime that owns every placement can 
 ``make_room`` empties the cheapest window of the size needed into the holes elsewhere;
 when no window can be emptied, ``slide`` moves every block that no running kernel or
 copy is using down, so the free space gathers at the top (and below blocks in use).
+
+A plan with a ``placement`` (R50) is laid out by it instead (``PlacedArena``): every
+block at the offset the plan gives it, in a region mapped from the placement's arena,
+and never moved.
 """
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from fractions import Fraction
 
 ALIGN = 8   # every block starts and ends on a 64-bit word (the integrity patterns are words)
 
@@ -188,3 +193,103 @@ class Arena:
     @property
     def fragmentation(self) -> float:
         return self.peak_extent / self.peak_live if self.peak_live else 1.0
+
+
+class PlacedArena:
+    """The region laid out by a plan's placement (R50): each allocation key at its planned
+    offset, mapped into the scaled region by ``map``; nothing is ever moved (there is no
+    compaction), and an allocation whose planned range is still held waits.
+
+    Ranges are checked in the placement's own bytes (the profile's), as the simulator
+    checks them: an allocation of ``n`` bytes at offset ``o`` holds [o, o + n) and finds it
+    free or names who holds it. Zero-byte allocations hold no range (as in the
+    simulator), but the executor gives every block a word to check: each zero-byte key
+    gets a word of its own past the mapped arena.
+
+    The scaled region. ``map(x) = align(ceil(x * s)) + ALIGN * rank(x)``, where ``s`` is
+    the size scale (as an exact fraction) and ``rank(x)`` the number of distinct
+    placement offsets strictly below ``x``. It is monotone, so ranges disjoint in the
+    placement are disjoint in the region; and a block [o, o + n), n > 0, that starts at
+    an offset ``o`` of the placement gets at least its scaled size: with a = o * s,
+    b = n * s and A, B, C the ceilings of a, b and a + b, C >= A + B - 1 (ceil(a + b) -
+    ceil(a) >= ceil(b) - 1); align(C) - align(A) >= C - (A + ALIGN - 1) >= B - ALIGN, a
+    multiple of ALIGN, and rank(o + n) >= rank(o) + 1 (``o`` itself is an offset below
+    o + n), so map(o + n) - map(o) >= align(C) - align(A) + ALIGN >= B, hence >=
+    align(B) (a multiple of ALIGN at least B). The block's scaled size,
+    ``max(ALIGN, align(ceil(n * size_scale)))`` in floating point, is at most align(B):
+    B >= 1, and rounding a product to a float never crosses an integer (integers below
+    2**53 are floats). So [map(o), map(o) + scaled size) lies inside [map(o), map(o + n)),
+    and inside [0, map(arena_bytes)) when o + n <= arena_bytes.
+    """
+
+    def __init__(self, placement, size_scale: float, zero_keys=()):
+        self.placement = placement
+        self.offsets = placement.offsets
+        self.arena_bytes = placement.arena_bytes
+        self.scale = Fraction(size_scale)
+        self.points = sorted(set(self.offsets.values()))
+        mapped = self.map(self.arena_bytes)
+        self.zero_slot = {key: mapped + ALIGN * i for i, key in enumerate(sorted(set(zero_keys)))}
+        self.size = mapped + ALIGN * len(self.zero_slot)   # the scaled region
+        self.starts: list[int] = []                  # held ranges' starts (placement bytes), sorted
+        self.held: dict[int, tuple[int, str, str]] = {}   # start -> (end, key, owner)
+        self.at: dict[int, tuple[str, int | None, int]] = {}   # region offset -> (key, placement offset, bytes)
+        self.blocks: dict[int, int] = {}             # region offset -> scaled size, of live blocks
+        self.blocked: dict[str, dict] = {}           # key -> why its last try waited (held_by), until it is taken
+        self.live = 0                                # placement bytes held
+        self.peak_live = 0
+        self.peak_extent = 0                         # the highest end (placement bytes) ever held
+
+    def map(self, x: int) -> int:
+        """Offset ``x`` of the placement's arena -> offset in the scaled region."""
+        scale = self.scale
+        return align(-(-x * scale.numerator // scale.denominator)) + ALIGN * bisect_left(self.points, x)
+
+    def holder(self, start: int, end: int) -> tuple[str, str] | None:
+        """(key, owner) of a held range overlapping [start, end), or None. Held ranges are
+        disjoint, so only the last one starting below ``end`` can overlap."""
+        i = bisect_left(self.starts, end)
+        if i:
+            stop, key, owner = self.held[self.starts[i - 1]]
+            if stop > start:
+                return key, owner
+        return None
+
+    def take(self, key: str, owner: str, nbytes: int, size: int) -> int | None:
+        """The region offset of allocation ``key`` (``nbytes`` of the profile, ``size``
+        scaled bytes) of ``owner`` (a tensor, '' for a workspace), or None when its planned
+        range is held (``blocked[key]`` says by whom). The key has an offset (checked
+        before the replay starts)."""
+        if nbytes == 0:
+            offset, start = self.zero_slot[key], None
+        else:
+            start = self.offsets[key]
+            end = start + nbytes
+            holder = self.holder(start, end)
+            if holder is not None:
+                self.blocked[key] = {"allocation": key, "range": [start, end], "held_by": holder[0],
+                                     "owner": holder[1]}
+                return None
+            offset = self.map(start)
+            if offset + size > self.map(end):        # cannot happen (see the class docstring)
+                raise AssertionError(f"{key}: {size} scaled bytes at {offset} pass map({end}) = {self.map(end)}")
+            insort(self.starts, start)
+            self.held[start] = (end, key, owner)
+            self.live += nbytes
+            self.peak_live = max(self.peak_live, self.live)
+            self.peak_extent = max(self.peak_extent, end)
+        self.blocked.pop(key, None)
+        self.blocks[offset] = size
+        self.at[offset] = (key, start, nbytes)
+        return offset
+
+    def free(self, offset: int) -> None:
+        del self.blocks[offset]
+        _, start, nbytes = self.at.pop(offset)
+        if start is not None:
+            del self.held[start]
+            del self.starts[bisect_left(self.starts, start)]
+            self.live -= nbytes
+
+    def key_at(self, offset: int) -> str:
+        return self.at[offset][0]

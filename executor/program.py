@@ -44,6 +44,7 @@ class Copy:
     issue_item: int = -1
     before_item: int = -1
     last_reader: int = -1
+    key: str | None = None        # a prefetch's allocation key (R50), e.g. ``a#2``
 
     def describe(self) -> str:
         where = f"after {self.after}" if self.after is not None else "at the iteration start"
@@ -77,6 +78,23 @@ class RuntimePlan:
     host_bytes: int = 0
     ssd_bytes: int = 0
     has_ssd: bool = False
+    # R50's allocation keys, counted as simulator/arena.py counts them (see _allocation_keys)
+    start_keys: dict[str, str] = field(default_factory=dict)         # persistent tensor on the GPU at start -> key
+    alloc_keys: list[tuple[str, ...]] = field(default_factory=list)  # item -> a key per tensor of seq.allocs
+    workspace_keys: list[str | None] = field(default_factory=list)   # item -> ``ws:<op>`` (None: no workspace)
+
+    def allocations(self) -> list[tuple[str, str, int, str | None]]:
+        """Every GPU allocation of the iteration, as (key, owner, profile bytes, op): owner
+        is the tensor ('' for a workspace), op where it happens (None: the start)."""
+        seq, nbytes = self.seq, self.profile.tensor_by_id
+        out = [(key, tid, nbytes[tid].bytes, None) for tid, key in self.start_keys.items()]
+        for k in range(len(seq)):
+            out.extend((key, tid, nbytes[tid].bytes, seq.group[k])
+                       for tid, key in zip(seq.allocs[k], self.alloc_keys[k]))
+            if self.workspace_keys[k] is not None:
+                out.append((self.workspace_keys[k], "", seq.workspace[k], seq.group[k]))
+        out.extend((c.key, c.tensor, c.nbytes, c.after) for c in self.copies if c.kind == "prefetch")
+        return out
 
     def item_name(self, k: int) -> str:
         tid = self.seq.recomputed[k]
@@ -122,7 +140,38 @@ def lower(profile: Profile, plan: Plan, hardware: Hardware) -> RuntimePlan:
             runtime.copies.append(step)
         (runtime.at_start if issue < 0 else runtime.after_item.setdefault(issue, [])).append(step)
     _windows(runtime)
+    _allocation_keys(runtime)
     return runtime
+
+
+def _allocation_keys(runtime: RuntimePlan) -> None:
+    """R50's keys, counted as ``simulator.arena.allocation_keys`` counts them: ``tensor#k``
+    is the k-th GPU allocation of the tensor in the order the plan makes them (a
+    persistent tensor on the GPU at the start is #1; then the prefetches issued at the
+    start; then, item by item, what the item allocates and the prefetches issued after
+    it, in plan order); ``ws:<op>`` is an op's workspace. A tensor is allocated again
+    only after it left the GPU, so this static order is the order of the replay too."""
+    seq, plan, profile = runtime.seq, runtime.plan, runtime.profile
+    count: dict[str, int] = {}
+
+    def key(tid: str) -> str:
+        count[tid] = count.get(tid, 0) + 1
+        return f"{tid}#{count[tid]}"
+
+    runtime.start_keys = {t.id: key(t.id) for t in profile.tensors if t.persistent and t.id not in plan.initial}
+
+    def prefetches(steps) -> None:
+        for step in steps:
+            if isinstance(step, Copy) and step.kind == "prefetch":
+                step.key = key(step.tensor)
+
+    prefetches(runtime.at_start)
+    ops = profile.ops
+    runtime.alloc_keys, runtime.workspace_keys = [], []
+    for k in range(len(seq)):
+        runtime.alloc_keys.append(tuple(key(tid) for tid in seq.allocs[k]))
+        runtime.workspace_keys.append(f"ws:{ops[seq.op_index[k]].id}" if seq.workspace[k] else None)
+        prefetches(runtime.after_item.get(k, ()))
 
 
 def _windows(runtime: RuntimePlan) -> None:

@@ -45,7 +45,9 @@ Memory is counted twice: the profile's bytes against the budget, exactly as the
 simulator counts them (R2, R4), and the scaled bytes in the backend's region, placed by
 a first-fit allocator (executor/arena.py). A block within the budget that finds no hole
 makes room by moving blocks no running work uses (real copies, charged as the GPU would
-take to copy them); if even that leaves no hole, it waits, like one over the budget.
+take to copy them); if even that leaves no hole, it waits, like one over the budget. A
+plan with a placement (R50) puts every block at its planned offset instead
+(``PlacedArena``): nothing moves, and an allocation whose range is held waits for it.
 """
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from simulator.compiled import LINKS, STREAMS
-from .arena import Arena, align
+from .arena import Arena, PlacedArena, align
 from .pattern import Patterns
 from .program import Copy, Drop, RuntimePlan
 
@@ -71,7 +73,7 @@ def scaled_bytes(nbytes: int, size_scale: float) -> int:
 
 class ReplayFailure(Exception):
     """The replay stopped: ``kind`` (integrity, arrival, residency, memory, capacity,
-    order, timeout, backend), the op or copy it happened at and the tensor."""
+    order, placement, timeout, backend), the op or copy it happened at and the tensor."""
 
     def __init__(self, kind: str, op: str | None, tensor: str | None, message: str):
         super().__init__(message)
@@ -131,6 +133,7 @@ class Measured:
     late_items: int = 0          # items whose checks and writes took longer than their scaled time
     late_s: float = 0.0          # ... and by how much in all
     hole_waits: int = 0          # times a block fitted the budget but no hole, even after compacting
+    range_waits: int = 0         # placement (R50): times a block fitted the budget but its range was held
     compactions: int = 0
     compacted_bytes: int = 0     # scaled bytes moved by compactions
     compaction_s: float = 0.0
@@ -143,7 +146,8 @@ class Scheduler:
     """Runs one iteration of ``runtime`` on ``backend``; see the module docstring."""
 
     def __init__(self, runtime: RuntimePlan, backend, budget: int, time_scale: float, size_scale: float,
-                 arena_bytes: int, patterns: Patterns, hbm_gbps: float = 1000.0):
+                 arena_bytes: int, patterns: Patterns, hbm_gbps: float = 1000.0,
+                 placed: PlacedArena | None = None):
         self.rt = runtime
         self.seq = runtime.seq
         self.backend = backend
@@ -152,7 +156,8 @@ class Scheduler:
         self.size_scale = size_scale
         self.hbm_bytes_per_s = hbm_gbps * 1e9
         self.patterns = patterns
-        self.arena = Arena(arena_bytes)
+        self.placed = placed is not None     # R50: blocks at the plan's offsets, never moved
+        self.arena = placed if placed is not None else Arena(arena_bytes)
         profile = runtime.profile
         self.nbytes = {t.id: t.bytes for t in profile.tensors}
         self.persistent = [t.id for t in profile.tensors if t.persistent]
@@ -209,6 +214,8 @@ class Scheduler:
         """Before the clock starts (R10, R19): persistent tensors on the GPU in profile
         order, filled with their pattern; ``initial`` copies written to their tier."""
         initial = self.rt.plan.initial
+        if self.placed:
+            self._check_placement()
         for tid in self.persistent:
             self.version[tid] = 0
             if tid in initial:
@@ -222,10 +229,10 @@ class Scheduler:
                 raise ReplayFailure("memory", None, tid, f"at start: persistent tensor {tid} "
                                     f"({self.nbytes[tid]} bytes) does not fit (budget overrun): "
                                     f"{self.budget - self.used} bytes of the {self.budget}-byte budget are free")
-            block = self._place(tid, self.nbytes[tid], 0)
+            block = self._place(tid, self.nbytes[tid], 0, self.rt.start_keys.get(tid))
             if block is None:
                 raise ReplayFailure("memory", None, tid, f"at start: persistent tensor {tid} finds no hole in the "
-                                    "GPU region")
+                                    "GPU region" + self._range_note(self.rt.start_keys.get(tid)))
             self.backend.place(block)
             self.history[tid] = "on the GPU from the start"
         self.measured.peak_bytes = self.used
@@ -267,11 +274,42 @@ class Scheduler:
 
     # ------------------------------------------------------------------ memory
 
-    def _place(self, tid: str, nbytes: int, version: int) -> Block | None:
-        """Take ``nbytes`` of the budget and a block of the region for ``tid``; None (and
-        nothing taken) when no hole is large enough. The caller checked the budget."""
+    def _check_placement(self) -> None:
+        """R50, before the clock starts: every allocation of the iteration has an offset,
+        its range lies inside the arena, and the arena fits the budget (a runtime lays out
+        the whole arena before it runs). Offsets for no allocation are ignored."""
+        placement = self.rt.plan.placement
+        offsets = placement.offsets
+        for key, owner, nbytes, op in self.rt.allocations():
+            what = f"{owner}'s" if owner else "the workspace's"
+            if key not in offsets:
+                raise ReplayFailure("placement", op, owner or None, f"the placement has no offset for allocation "
+                                    f"{key!r} ({what} {nbytes} bytes)")
+            if offsets[key] + nbytes > placement.arena_bytes:
+                raise ReplayFailure("placement", op, owner or None, f"allocation {key!r} at [{offsets[key]}, "
+                                    f"{offsets[key] + nbytes}) passes the placement's arena of "
+                                    f"{placement.arena_bytes} bytes")
+        if placement.arena_bytes > self.budget:
+            raise ReplayFailure("memory", None, None, f"at start: the placement's arena ({placement.arena_bytes} "
+                                f"bytes) is larger than the budget ({self.budget} bytes) (R50)")
+
+    def _range_note(self, key: str | None) -> str:
+        """Why allocation ``key`` waits for its planned range (R50), or ''."""
+        info = self.arena.blocked.get(key) if self.placed and key is not None else None
+        if info is None:
+            return ""
+        start, end = info["range"]
+        owner = info["owner"]
+        who = f"tensor {owner}" if owner else "a workspace"
+        return f"; allocation {key!r} at [{start}, {end}) of the placement is held by {info['held_by']!r} ({who})"
+
+    def _place(self, tid: str, nbytes: int, version: int, key: str | None = None) -> Block | None:
+        """Take ``nbytes`` of the budget and a block of the region for ``tid`` (at the
+        offset of allocation ``key`` when the plan has a placement); None (and nothing
+        taken) when no hole is large enough, or the range is held. The caller checked
+        the budget."""
         size = self.scaled(nbytes)
-        offset = self._allocate(size)
+        offset = self._allocate(size, key, tid, nbytes)
         if offset is None:
             return None
         block = Block(tid, offset, size, self.patterns.seed(tid, version))
@@ -279,8 +317,15 @@ class Scheduler:
         self.used += nbytes
         return block
 
-    def _allocate(self, size: int) -> int | None:
-        """First fit; when the region has the room but no hole, compact it and try again."""
+    def _allocate(self, size: int, key: str | None = None, owner: str = "", nbytes: int = 0) -> int | None:
+        """First fit; when the region has the room but no hole, compact it and try again.
+        With a placement: the planned offset of ``key`` (``nbytes`` of the profile), or
+        None while its range is held; never a compaction."""
+        if self.placed:
+            offset = self.arena.take(key, owner, nbytes, size)
+            if offset is None:
+                self.measured.range_waits += 1
+            return offset
         offset = self.arena.allocate(size)
         if offset is None and self.arena.free_bytes >= size:
             self._compact(size)
@@ -469,8 +514,8 @@ class Scheduler:
             return
         placed: list[Block] = []
         self._check_uses(k, name)
-        for tid in seq.allocs[k]:
-            block = self._place(tid, self.nbytes[tid], 0)   # produced (or recomputed) data is version 0
+        for tid, key in zip(seq.allocs[k], rt.alloc_keys[k]):
+            block = self._place(tid, self.nbytes[tid], 0, key)   # produced (or recomputed) data is version 0
             if block is None:
                 for done in placed:
                     self._free_gpu(done.tensor, self.history.get(done.tensor, ""))
@@ -478,7 +523,7 @@ class Scheduler:
             placed.append(block)
         workspace = None
         if seq.workspace[k]:
-            offset = self._allocate(self.scaled(seq.workspace[k]))
+            offset = self._allocate(self.scaled(seq.workspace[k]), rt.workspace_keys[k], "", seq.workspace[k])
             if offset is None:
                 for done in placed:
                     self._free_gpu(done.tensor, self.history.get(done.tensor, ""))
@@ -580,7 +625,7 @@ class Scheduler:
                     continue                          # an older GPU copy remains
                 if self.used + copy.nbytes > self.budget:
                     continue
-                block = self._place(tid, copy.nbytes, self.version[tid])
+                block = self._place(tid, copy.nbytes, self.version[tid], copy.key)
                 if block is None:
                     continue
                 self._note_peak()
@@ -697,14 +742,26 @@ class Scheduler:
         free = self.budget - self.used
         residents = sorted(self.block, key=lambda t: (-self.nbytes[t], t))[:5]
         shown = ", ".join(f"{t} ({self.nbytes[t]} B)" for t in residents) or "none"
-        region = (f"; the region has {self.arena.free_bytes} bytes free, its largest hole "
-                  f"{self.arena.largest_hole()}")
+        region = "" if self.placed else (f"; the region has {self.arena.free_bytes} bytes free, its largest "
+                                         f"hole {self.arena.largest_hole()}")
         if k < len(seq) and self.data_ready:
             need = seq.alloc_bytes[k]
-            what = "budget overrun" if self.used + need > self.budget else "no hole large enough"
-            return ("memory", seq.group[k], seq.recomputed[k] or (seq.allocs[k][0] if seq.allocs[k] else None),
+            tensor = seq.recomputed[k] or (seq.allocs[k][0] if seq.allocs[k] else None)
+            note = ""
+            if self.used + need > self.budget:
+                what = "budget overrun"
+            elif self.placed:
+                what = "its planned range is held"
+                for tid, key in [*zip(seq.allocs[k], self.rt.alloc_keys[k]), (None, self.rt.workspace_keys[k])]:
+                    note = self._range_note(key)
+                    if note:
+                        tensor = tid or tensor
+                        break
+            else:
+                what = "no hole large enough"
+            return ("memory", seq.group[k], tensor,
                     f"{self.rt.item_name(k)} waits for memory ({what}): needs {need} bytes, {free} of the "
-                    f"{self.budget}-byte budget free, and nothing running will free more{region}; largest "
+                    f"{self.budget}-byte budget free, and nothing running will free more{region}{note}; largest "
                     f"residents: {shown}")
         heads = sorted((q[0] for q in self.queues.values() if q), key=lambda c: self.enqueued[c.index])
         op = seq.group[k] if k < len(seq) else None
@@ -714,6 +771,8 @@ class Scheduler:
                     reason = "an older GPU copy of it remains and nothing will release it"
                 elif self.used + copy.nbytes > self.budget:
                     reason = f"budget overrun: needs {copy.nbytes} bytes, {free} free"
+                elif self.placed:
+                    reason = f"its planned range is held{self._range_note(copy.key)}"
                 else:
                     reason = f"no hole large enough for {copy.nbytes} bytes{region}"
                 return ("memory", op or copy.after, copy.tensor,
@@ -752,6 +811,13 @@ class Scheduler:
                     raise ReplayFailure("residency", None, tid, f"end of iteration: {tid} started on the GPU but "
                                         f"is not on it ({self._where(tid)})")
                 block = self.block[tid]
+                if self.placed:
+                    offsets = self.rt.plan.placement.offsets
+                    start, last = offsets[self.rt.start_keys[tid]], offsets[self.arena.key_at(block.offset)]
+                    if last != start:
+                        raise ReplayFailure("placement", None, tid, f"end of iteration: persistent tensor {tid} is "
+                                            f"at offset {last} of the placement, not at {start} where it started: "
+                                            "the next iteration would not find it there (R50)")
                 problem = self.backend.check_block(Block(tid, block.offset, block.nbytes, seed))
             if problem is not None:
                 raise ReplayFailure("integrity", None, tid, f"end of iteration: {tid} should be version "
@@ -770,11 +836,17 @@ class Scheduler:
             "wall_s": m.wall_s,
             "peak_bytes": m.peak_bytes,
             "peak_at_us": m.peak_at_s * to_us,
+            # with a placement (R50) the arena figures are the placement's, in the profile's
+            # bytes, as the simulator reports them; region_bytes is the scaled region either way
+            "placement": self.placed,
             "peak_arena_bytes": self.arena.peak_live,
             "peak_extent_bytes": self.arena.peak_extent,
-            "arena_bytes": self.arena.size,
-            "fragmentation": self.arena.fragmentation,
+            "arena_bytes": self.arena.arena_bytes if self.placed else self.arena.size,
+            "region_bytes": self.arena.size,
+            "fragmentation": ((self.arena.peak_extent / m.peak_bytes if m.peak_bytes else 1.0) if self.placed
+                              else self.arena.fragmentation),
             "hole_waits": m.hole_waits,
+            "range_waits": m.range_waits,
             "compactions": m.compactions,
             "compacted_bytes": m.compacted_bytes,
             "compaction_us": m.compaction_s * to_us,

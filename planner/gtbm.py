@@ -55,9 +55,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 
-from simulator.plan import offload, prefetch
-
-from .lowering import OFFLOAD, PREFETCH, Step, issue_order
+from .lowering import host_swaps
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
 from .uvm import layer_segments
 from .vdnn import forward_backward_split
@@ -117,15 +115,6 @@ def gtbm_swaps(profile, conv_ahead: int) -> tuple[list[tuple[str, int, int, int]
     return swaps, kept, kind
 
 
-def lowered(profile, swaps) -> list:
-    ops = profile.ops
-    steps = []
-    for tid, a, b, c in swaps:
-        steps.append(Step(a, OFFLOAD, c, tid, offload(tid, ops[a].id, "host")))
-        steps.append(Step(b, PREFETCH, c, tid, prefetch(tid, ops[b].id, ops[c].id, "host")))
-    return issue_order(steps)
-
-
 @register("gtbm", "GTBM (from its seed description; paper not located): offload reused tensors after their "
                   "forward use, prefetch no earlier than two convolution layers ahead of the backward use.",
           params=(Param("conv_ahead", 2, "convolution layers of lead for a prefetch (the copy overlaps at most "
@@ -139,4 +128,4 @@ def plan_gtbm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, conv_
     notes = {"paced_by": kind, "offloaded": len(swaps),
              "offloaded_bytes": sum(profile.tensor_by_id[t].bytes for t, *_ in swaps), "kept_resident": kept,
              "unified_pool": "not modelled (the simulator counts bytes)"}
-    return Draft(actions=lowered(profile, swaps), notes=notes)
+    return Draft(actions=host_swaps(profile, swaps), notes=notes)

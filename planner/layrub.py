@@ -53,9 +53,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from simulator.plan import offload, prefetch
-
-from .lowering import OFFLOAD, PREFETCH, Step, issue_order
+from .lowering import host_swaps
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
 from .uvm import layer_segments
 from .vdnn import forward_backward_split
@@ -85,16 +83,6 @@ def layrub_swaps(profile, ahead: int) -> tuple[list[tuple[str, int, int, int]], 
     return swaps, kept
 
 
-def lowered(profile, swaps) -> list:
-    """Offload and prefetch actions for (tensor, a, b, c) swaps, in issue order."""
-    ops = profile.ops
-    steps = []
-    for tid, a, b, c in swaps:
-        steps.append(Step(a, OFFLOAD, c, tid, offload(tid, ops[a].id, "host")))
-        steps.append(Step(b, PREFETCH, c, tid, prefetch(tid, ops[b].id, ops[c].id, "host")))
-    return issue_order(steps)
-
-
 @register("layrub", "Layrub (inter-layer): offload each feature map when its forward reference count reaches "
                     "zero, prefetch it one layer ahead of its backward use.",
           params=(Param("ahead", 1, "layers of lead for the backward prefetch (1: the layer before the one that "
@@ -109,4 +97,4 @@ def plan_layrub(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, ahe
     notes = {"layers": len(layer_segments(profile)), "offloaded": len(swaps),
              "offloaded_bytes": sum(profile.tensor_by_id[t].bytes for t, *_ in swaps),
              "kept_resident": kept, "intra_layer_reuse": "not modelled"}
-    return Draft(actions=lowered(profile, swaps), notes=notes)
+    return Draft(actions=host_swaps(profile, swaps), notes=notes)

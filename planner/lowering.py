@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.plan import Action
+from simulator.plan import Action, offload, prefetch
 
 DROP, OFFLOAD, PREFETCH = 0, 1, 2
 
@@ -40,3 +40,14 @@ def issue_order(steps: list[Step], fifo: bool = False) -> list[Action]:
     instead of by the op they serve."""
     key = (lambda step: (step.at, step.phase, step.order)) if fifo else Step.key
     return [step.action for step in sorted(steps, key=key)]
+
+
+def host_swaps(profile, swaps) -> list[Action]:
+    """Offload and prefetch actions, in issue order, for (tensor, a, b, c) swaps: out to
+    host memory after op position a, back after op b, before op c."""
+    ops = profile.ops
+    steps = []
+    for tid, a, b, c in swaps:
+        steps.append(Step(a, OFFLOAD, c, tid, offload(tid, ops[a].id, "host")))
+        steps.append(Step(b, PREFETCH, c, tid, prefetch(tid, ops[b].id, ops[c].id, "host")))
+    return issue_order(steps)

@@ -45,26 +45,47 @@ def lowest_offset(size: int, busy: list[tuple[int, int]]) -> int:
     return at
 
 
-def place_blocks(blocks: list[tuple[str, int, int, int, bool]], method: str) -> tuple[dict[str, int], int]:
+def place_blocks(blocks: list[tuple[str, int, int, int, bool]], method: str,
+                 persistent: frozenset = frozenset()) -> tuple[dict[str, int], int]:
     """Offsets for (key, size, start, end, cross-iteration) blocks alive in [start, end),
-    and the arena they need."""
+    and the arena they need. Every allocation of a persistent tensor (``tensor#k``, tensor
+    in ``persistent``) gets one offset, free over all of its intervals: the next
+    iteration finds it where this one left it (R50)."""
+    units: dict[str, list] = {}      # one unit per persistent tensor, one per other block
+    for block in blocks:
+        owner = block[0].rsplit("#", 1)[0]
+        units.setdefault(owner if owner in persistent else block[0], []).append(block)
+
+    def size(unit):
+        return max(b[1] for b in unit)
+
+    def first(unit):
+        return min(b[2] for b in unit)
+
+    def held(unit):
+        return any(b[4] for b in unit)
+
+    def span(unit):
+        return sum(b[3] - b[2] for b in unit)
+
     if method == "smartpool":
-        order = sorted(blocks, key=lambda b: (not b[4], -b[1], b[2], b[0]))
+        order = sorted(units.values(), key=lambda u: (not held(u), -size(u), first(u), u[0][0]))
     elif method == "greedy-size":
-        order = sorted(blocks, key=lambda b: (-b[1], -(b[3] - b[2]), b[2], b[0]))
+        order = sorted(units.values(), key=lambda u: (-size(u), -span(u), first(u), u[0][0]))
     elif method == "first-fit":
-        order = sorted(blocks, key=lambda b: (b[2], b[0]))
+        order = sorted(units.values(), key=lambda u: (first(u), u[0][0]))
     else:
         raise InputError("<argument>", "--method", f"{method!r} is not one of {', '.join(METHODS)}")
     placed: list[tuple[int, int, int, int]] = []    # (start time, end time, offset, offset end)
     offsets: dict[str, int] = {}
     arena = 0
-    for key, size, start, end, _ in order:
-        busy = [(lo, hi) for s, e, lo, hi in placed if s < end and start < e]
-        offset = lowest_offset(size, busy)
-        offsets[key] = offset
-        placed.append((start, end, offset, offset + size))
-        arena = max(arena, offset + size)
+    for unit in order:
+        busy = [(lo, hi) for s, e, lo, hi in placed for _, _, start, end, _ in unit if s < end and start < e]
+        offset = lowest_offset(size(unit), busy)
+        for key, nbytes, start, end, _ in unit:
+            offsets[key] = offset
+            placed.append((start, end, offset, offset + nbytes))
+            arena = max(arena, offset + nbytes)
     return offsets, arena
 
 
@@ -105,7 +126,7 @@ def place(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | 
     if not result.ok:
         raise InputError(plan.origin, "plan", f"the plan does not run ({result.reason}); only a plan that runs "
                                               "has lifetimes to place")
-    offsets, arena = place_blocks(blocks, method)
+    offsets, arena = place_blocks(blocks, method, frozenset(t.id for t in profile.tensors if t.persistent))
     for key in zero:
         offsets[key] = 0
     placed = replace(plan, placement=Placement(arena, dict(sorted(offsets.items()))))

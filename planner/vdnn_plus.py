@@ -37,6 +37,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import replace
 
+from simulator.arena import Placement
 from simulator.compiled import link_speed
 from simulator.errors import InputError
 from simulator.plan import Plan
@@ -45,7 +46,7 @@ from simulator.profile import profile_sha256
 from .analysis import op_start_us
 from .api import score
 from .compression import compress_where, swap_seconds, with_codecs
-from .placement import place
+from .placement import METHODS, lifetimes, place_blocks
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
 from .vdnn import plan_vdnn
 
@@ -88,27 +89,28 @@ def arena_within(profile, hardware, budget_bytes, actions):
     smaller ones (a tighter run leaves fewer allocations alive together); kept when the
     placed plan runs within the budget. (None, why) when none does."""
     plan = Plan(profile.name, tuple(actions), profile_sha256=profile_sha256(profile))
+    persistent = frozenset(t.id for t in profile.tensors if t.persistent)
     why = "no placement tried"
     for shrink in SHRINK:
-        best = None
-        for method in ("smartpool", "greedy-size", "first-fit"):
-            try:
-                placed, figures = place(profile, plan, hardware, int(budget_bytes * shrink), method)
-            except InputError as exc:
-                why = f"lifetimes under {shrink:.0%} of the budget: {exc.problem if hasattr(exc, 'problem') else exc}"
-                break
-            if best is None or figures["arena_bytes"] < best[1]["arena_bytes"]:
-                best = (placed, figures)
-        if best is None:
+        try:
+            result, blocks, zero = lifetimes(profile, plan, hardware, int(budget_bytes * shrink))
+        except InputError as exc:
+            why = f"lifetimes under {shrink:.0%} of the budget: {exc}"
             continue
-        placed, figures = best
-        if figures["arena_bytes"] > budget_bytes:
-            why = f"the smallest arena, {figures['arena_bytes']} bytes ({figures['method']}), passes the budget"
+        if not result.ok:
+            why = f"the plan does not run under {shrink:.0%} of the budget"
             continue
-        tried = score(profile, hardware, budget_bytes, list(placed.actions), placement=placed.placement)
+        method, offsets, arena_bytes = min(((m, *place_blocks(blocks, m, persistent)) for m in METHODS),
+                                           key=lambda found: found[2])
+        if arena_bytes > budget_bytes:
+            why = f"the smallest arena, {arena_bytes} bytes ({method}), passes the budget"
+            continue
+        offsets.update({key: 0 for key in zero})
+        placement = Placement(arena_bytes, dict(sorted(offsets.items())))
+        tried = score(profile, hardware, budget_bytes, list(actions), placement=placement)
         if tried.ok:
-            return placed.placement, {"arena_bytes": figures["arena_bytes"], "method": figures["method"],
-                                      "lifetimes_under": shrink, "arena_over_live": round(figures["arena_over_live"], 5)}
+            return placement, {"arena_bytes": arena_bytes, "method": method, "lifetimes_under": shrink,
+                               "arena_over_live": round(arena_bytes / result.peak_bytes, 5)}
         why = f"the placed plan does not run ({tried.reason})"
     return None, f"not placed: {why}"
 

@@ -87,8 +87,11 @@ def _run(compiled: CompiledProfile, machine: Machine, packed: tuple, budget: int
 
 
 def simulate(compiled: CompiledProfile, machine: Machine, plan: Plan, budget: int) -> Result | None:
-    """The full Result from C; None when the run overflows 64 bits (use the reference)
-    or the plan is invalid (the reference words its reason). Assumes ``check_plan`` passed."""
+    """The full Result from C; None when the run overflows 64 bits (use the reference),
+    the plan is invalid (the reference words its reason) or uses what C does not model
+    (``Plan.reference_only``). Assumes ``check_plan`` passed."""
+    if plan.reference_only:
+        return None
     out = _run(compiled, machine, pack_plan(compiled, plan), budget)
     if out[0] in (OVERFLOW, INVALID):
         return None
@@ -149,7 +152,10 @@ def pack_positions(compiled: CompiledProfile, kinds: bytes, tensors: bytes, afte
 def score(compiled: CompiledProfile, machine: Machine, plan: Plan, budget: int, check):
     """A Score from C alone; None when the run overflows 64 bits. An infeasible plan is
     run once more with no budget, to say how many bytes over budget it goes. ``check``
-    is check_plan for this plan: it runs only to word an error packing or C found."""
+    is check_plan for this plan: it runs only to word an error packing or C found. None
+    too for a plan C does not model (``Plan.reference_only``)."""
+    if plan.reference_only:
+        return None
     return score_packed(compiled, machine, _packed(compiled, plan, machine.has_ssd, check), budget, check)
 
 

@@ -56,7 +56,7 @@ def both_paths(profile, plan, hardware, budget_bytes=None, record=False):
     rule, op and tensor for an invalid one. Returns the reference Result."""
     sim = Simulator(profile, hardware)
     reference = sim.simulate(plan, budget_bytes, record=record, reference=True)
-    if fastpath.available():
+    if fastpath.available() and not plan.reference_only:   # C models no codecs, placements, variants, groups
         check_plan(plan, profile, sim.machine.has_ssd)
         budget = sim.budget(plan, budget_bytes)
         out = fastpath._run(sim.compiled, sim.machine, fastpath.pack_plan(sim.compiled, plan), budget)

@@ -35,8 +35,9 @@ VARIANTS = [(spec.name, {}) for spec in planners()] + [
 
 # Planners that search until a time limit (the MILPs, the GA): here on the synthetic
 # profiles only, with a short limit; their own tests (tests/test_ilp.py,
-# tests/test_swapadvisor.py, tests/test_checkmate.py) cover real profiles, solver status and determinism.
-SEARCHING = {"autotm", "tmof", "joint", "swapadvisor", "checkmate"}
+# tests/test_swapadvisor.py, tests/test_checkmate.py, tests/test_modnn_deeptm.py) cover real profiles, solver
+# status and determinism.
+SEARCHING = {"autotm", "tmof", "joint", "swapadvisor", "checkmate", "deeptm"}
 QUICK = RunOptions(time_limit=3.0, threads=1)
 
 CASES = [(name, planner, params) for name in PROFILES for planner, params in VARIANTS] + \

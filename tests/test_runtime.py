@@ -38,7 +38,7 @@ HW = load_hardware("a100-40gb-pcie4")
 # plan that fits (all five REQUIRED ones on the two models with dropout).
 BUDGET = {"mlp": 0.85, "mlp_dropout": 0.8, "tiny_resnet": 0.85, "tiny_gpt2": 0.8}
 REQUIRED = ("capuchin", "g10", "lms", "chen", "vdnn")
-ILP = ("autotm", "checkmate", "joint", "tmof")    # searching planners: on the MLPs only, 2 s each
+ILP = ("autotm", "checkmate", "deeptm", "joint", "tmof")    # searching planners: on the MLPs only, 2 s each
 
 
 # ----------------------------------------------------------------------------- small models
