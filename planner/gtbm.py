@@ -58,7 +58,7 @@ from bisect import bisect_left
 from .lowering import host_swaps
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
 from .uvm import layer_segments
-from .vdnn import forward_backward_split
+from .vdnn import forward_maps
 
 FULLY_CONNECTED = frozenset({"linear", "addmm", "mm", "matmul"})
 
@@ -97,21 +97,14 @@ def gtbm_swaps(profile, conv_ahead: int) -> tuple[list[tuple[str, int, int, int]
     heavy, kind = heavy_layers(profile)
     backward_start = next((i for i, op in enumerate(profile.ops) if op.phase == "backward"), len(profile.ops))
     swaps, kept = [], 0
-    for tensor in profile.tensors:
-        made = profile.producer[tensor.id]
-        if tensor.persistent or tensor.bytes == 0 or made is None or profile.ops[made].phase != "forward":
-            continue
-        split = forward_backward_split(profile, tensor.id)
-        if split is None:
-            continue
-        last_forward, c = split
+    for tid, last_forward, c in forward_maps(profile):
         before_c = bisect_left(heavy, c)                  # heavy layers starting before c
         start = heavy[before_c - conv_ahead] if before_c >= conv_ahead else backward_start
         after = min(start - 1, c - 1)
         if after <= last_forward:
             kept += 1
             continue
-        swaps.append((tensor.id, last_forward, after, c))
+        swaps.append((tid, last_forward, after, c))
     return swaps, kept, kind
 
 

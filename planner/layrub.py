@@ -56,7 +56,7 @@ from bisect import bisect_right
 from .lowering import host_swaps
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
 from .uvm import layer_segments
-from .vdnn import forward_backward_split
+from .vdnn import forward_maps
 
 
 def layrub_swaps(profile, ahead: int) -> tuple[list[tuple[str, int, int, int]], int]:
@@ -65,21 +65,14 @@ def layrub_swaps(profile, ahead: int) -> tuple[list[tuple[str, int, int, int]], 
     segments = layer_segments(profile)
     firsts = [first for first, _ in segments]
     swaps, kept = [], 0
-    for tensor in profile.tensors:
-        made = profile.producer[tensor.id]
-        if tensor.persistent or tensor.bytes == 0 or made is None or profile.ops[made].phase != "forward":
-            continue
-        split = forward_backward_split(profile, tensor.id)
-        if split is None:
-            continue
-        last_forward, first_later = split
+    for tid, last_forward, first_later in forward_maps(profile):
         layer = bisect_right(firsts, first_later) - 1          # the layer holding the use
         after = firsts[max(layer - ahead, 0)] - 1              # when the layer ahead starts
         after = min(after, first_later - 1)
         if after <= last_forward:
             kept += 1
             continue
-        swaps.append((tensor.id, last_forward, after, first_later))
+        swaps.append((tid, last_forward, after, first_later))
     return swaps, kept
 
 

@@ -239,6 +239,19 @@ def forward_backward_split(profile: Profile, tid: str) -> tuple[int, int] | None
     return last_forward, min(later)
 
 
+def forward_maps(profile: Profile):
+    """(tensor, last forward use, first later use) of every non-empty tensor a forward op
+    makes that is used again after the forward pass (``forward_backward_split``), in
+    profile order: what layer-wise policies move."""
+    for tensor in profile.tensors:
+        made = profile.producer[tensor.id]
+        if tensor.persistent or tensor.bytes == 0 or made is None or profile.ops[made].phase != "forward":
+            continue
+        split = forward_backward_split(profile, tensor.id)
+        if split is not None:
+            yield tensor.id, split[0], split[1]
+
+
 def input_feature_maps(profile: Profile, layer: Layer, internal: bool = False) -> list[str]:
     """The tensors layer ``layer`` reads that another layer produced (and, ``internal``,
     those its own forward ops make and its backward reads), that are worth and safe to
