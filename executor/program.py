@@ -11,12 +11,14 @@ profile's semantics: ``build_sequence`` (R5 the compute sequence, R8 last uses).
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from simulator.arena import WORKSPACE, allocation_keys
 from simulator.compiled import STREAMS, compile_machine, compile_profile
 from simulator.hardware import Hardware
 from simulator.plan import Plan
 from simulator.profile import Profile
+from simulator.program import PlanInvalid, compile_program
 from simulator.sequence import Sequence, build_sequence
 
 
@@ -78,7 +80,7 @@ class RuntimePlan:
     host_bytes: int = 0
     ssd_bytes: int = 0
     has_ssd: bool = False
-    # R50's allocation keys, counted as simulator/arena.py counts them (see _allocation_keys)
+    # R50's allocation keys, the simulator's (see _allocation_keys)
     start_keys: dict[str, str] = field(default_factory=dict)         # persistent tensor on the GPU at start -> key
     alloc_keys: list[tuple[str, ...]] = field(default_factory=list)  # item -> a key per tensor of seq.allocs
     workspace_keys: list[str | None] = field(default_factory=list)   # item -> ``ws:<op>`` (None: no workspace)
@@ -140,38 +142,32 @@ def lower(profile: Profile, plan: Plan, hardware: Hardware) -> RuntimePlan:
             runtime.copies.append(step)
         (runtime.at_start if issue < 0 else runtime.after_item.setdefault(issue, [])).append(step)
     _windows(runtime)
-    _allocation_keys(runtime)
+    _allocation_keys(runtime, compiled, machine)
     return runtime
 
 
-def _allocation_keys(runtime: RuntimePlan) -> None:
-    """R50's keys, counted as ``simulator.arena.allocation_keys`` counts them: ``tensor#k``
-    is the k-th GPU allocation of the tensor in the order the plan makes them (a
-    persistent tensor on the GPU at the start is #1; then the prefetches issued at the
-    start; then, item by item, what the item allocates and the prefetches issued after
-    it, in plan order); ``ws:<op>`` is an op's workspace. A tensor is allocated again
-    only after it left the GPU, so this static order is the order of the replay too."""
-    seq, plan, profile = runtime.seq, runtime.plan, runtime.profile
-    count: dict[str, int] = {}
-
-    def key(tid: str) -> str:
-        count[tid] = count.get(tid, 0) + 1
-        return f"{tid}#{count[tid]}"
-
-    runtime.start_keys = {t.id: key(t.id) for t in profile.tensors if t.persistent and t.id not in plan.initial}
-
-    def prefetches(steps) -> None:
-        for step in steps:
-            if isinstance(step, Copy) and step.kind == "prefetch":
-                step.key = key(step.tensor)
-
-    prefetches(runtime.at_start)
-    ops = profile.ops
-    runtime.alloc_keys, runtime.workspace_keys = [], []
-    for k in range(len(seq)):
-        runtime.alloc_keys.append(tuple(key(tid) for tid in seq.allocs[k]))
-        runtime.workspace_keys.append(f"ws:{ops[seq.op_index[k]].id}" if seq.workspace[k] else None)
-        prefetches(runtime.after_item.get(k, ()))
+def _allocation_keys(runtime: RuntimePlan, compiled, machine) -> None:
+    """R50's keys, as the simulator counts them (``simulator.arena.allocation_keys``, on
+    the plan compiled without its placement): the executor runs the same compute
+    sequence, so item k and a prefetch's plan action name the same allocations. A plan
+    that breaks another rule has no keys (None): it is replayed to show where it fails,
+    and a placement needs a valid plan."""
+    seq, plan = runtime.seq, runtime.plan
+    try:
+        program = compile_program(runtime.profile, compiled, replace(plan, placement=None), machine)
+    except PlanInvalid:
+        runtime.alloc_keys = [(None,) * len(seq.allocs[k]) for k in range(len(seq))]
+        runtime.workspace_keys = [None] * len(seq)
+        return
+    keys = allocation_keys(program, compiled)
+    runtime.start_keys = {request.owner: request.key for request in keys.start}
+    by_item = {k: {request.owner: request.key for request in requests} for k, requests in keys.items.items()}
+    runtime.alloc_keys = [tuple(by_item.get(k, {}).get(tid) for tid in seq.allocs[k]) for k in range(len(seq))]
+    runtime.workspace_keys = [by_item.get(k, {}).get(WORKSPACE) for k in range(len(seq))]
+    by_action = {program.transfers[j].action: request.key for j, request in keys.transfers.items()}
+    for copy in runtime.copies:
+        if copy.kind == "prefetch":
+            copy.key = by_action.get(copy.action)
 
 
 def _windows(runtime: RuntimePlan) -> None:

@@ -282,6 +282,9 @@ class Scheduler:
         offsets = placement.offsets
         for key, owner, nbytes, op in self.rt.allocations():
             what = f"{owner}'s" if owner else "the workspace's"
+            if key is None:   # executor/program.py: a plan that breaks a rule has no keys
+                raise ReplayFailure("placement", op, owner or None, "the plan breaks a simulation rule, so its "
+                                    "allocations have no keys to place (`swapplan simulate` says which)")
             if key not in offsets:
                 raise ReplayFailure("placement", op, owner or None, f"the placement has no offset for allocation "
                                     f"{key!r} ({what} {nbytes} bytes)")

@@ -58,6 +58,7 @@ Departures from the paper, and why
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from simulator.api import Simulator
@@ -138,13 +139,9 @@ def search(profile, hardware, budget_bytes: int, found: list[Hint], thresholds: 
         last = len(thresholds) - 1
         if not fits(last):
             continue
-        low, high = 0, last                    # the first index (largest threshold) that fits
-        while low < high:
-            middle = (low + high) // 2
-            if fits(middle):
-                high = middle
-            else:
-                low = middle + 1
+        # search for the first index (largest threshold) that fits: what counts is the plans
+        # its probes simulate (memo), of which the fastest that fits is kept below
+        bisect_left(range(last), True, key=fits)
         for i, score in memo.items():
             if score.ok:
                 key = (score.iteration_us, -thresholds[i], ahead, thresholds[i])

@@ -33,10 +33,9 @@ from __future__ import annotations
 from simulator.codecs import compressed_bytes
 from simulator.errors import InputError
 
-from .api import score
 from .compression import compress_where, pick_codec, with_codecs
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
-from .vdnn import EVERY, MODES, vdnn_actions
+from .vdnn import EVERY, MODES, fits, vdnn_actions
 
 
 @register("cdma", "cDMA: vDNN's offloads compressed in the copy engine (zero-value compression of sparse "
@@ -62,23 +61,20 @@ def plan_cdma(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, mode=
                                     profile.tensor_by_id[tid], c))
         return with_codecs(actions, chosen), notes, chosen
 
-    def fits(actions) -> bool:
-        return score(profile, hardware, budget_bytes, actions).ok
-
     status = "heuristic"
     if mode == "dyn":
         for choice in ("none", "conv", "all"):
             actions, notes, chosen = compressed(choice)
-            if fits(actions):
+            if fits(profile, hardware, budget_bytes, actions):
                 notes = {**notes, "dyn_choice": choice}
                 break
         else:
             notes = {**notes, "dyn_choice": "all (none fits)"}
     else:
         actions, notes, chosen = compressed(mode)
-    if fallback and mode != "conv" and not fits(actions):
+    if fallback and mode != "conv" and not fits(profile, hardware, budget_bytes, actions):
         wider, wider_notes, wider_chosen = compressed(EVERY)
-        if fits(wider):
+        if fits(profile, hardware, budget_bytes, wider):
             actions, notes, chosen, status = wider, {**wider_notes, "fallback": "vDNN's rules do not fit the "
                                                      "budget: every layer's inputs and saved tensors"}, \
                 wider_chosen, "fallback"

@@ -117,3 +117,20 @@ def compress_where(profile: Profile, actions: list[Action], candidates: list[Cod
         if best is not None:
             chosen[tid] = best
     return chosen
+
+
+def swap_codecs(hardware: Hardware, allow_lossy: bool) -> list[Codec]:
+    """The machine's GPU codecs a swap may be compressed with (binarize serves Gist's
+    stashed maps, not swaps; lossy ones only when allowed)."""
+    return [c for c in hardware.codecs if c.where == "compute" and c.format != "binarize"
+            and (allow_lossy or not c.lossy)]
+
+
+def where_it_pays(profile: Profile, hardware: Hardware, actions: list[Action], candidates: list[Codec],
+                  allow_lossy: bool) -> dict[str, Codec]:
+    """CSWAP's rule: per swapped tensor, the candidate codec for which encode + the
+    compressed copies + decode take least time, when less than the plain copies."""
+    def saves(tid: str, codec: Codec) -> float:
+        return swap_seconds(profile, hardware, actions, tid, None) - swap_seconds(profile, hardware, actions, tid,
+                                                                                  codec)
+    return compress_where(profile, actions, candidates, allow_lossy, saves)

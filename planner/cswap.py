@@ -37,7 +37,7 @@ from __future__ import annotations
 from simulator.errors import InputError
 
 from .api import score
-from .compression import compress_where, pick_codec, swap_seconds, with_codecs
+from .compression import pick_codec, swap_codecs, where_it_pays, with_codecs
 from .registry import DEFAULT_OPTIONS, Draft, Param, get_planner, register
 
 
@@ -66,17 +66,12 @@ def plan_cswap(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, base
                allow_lossy=False):
     spec = resolve_base(base)
     if codec == "auto":
-        candidates = [c for c in hardware.codecs if c.where == "compute" and c.format != "binarize"
-                      and (allow_lossy or not c.lossy)]
+        candidates = swap_codecs(hardware, allow_lossy)
     else:
         candidates = [pick_codec(hardware, codec, "cswap")]
     draft = spec.func(profile, hardware, budget_bytes, options=options, **spec.resolve({}))
     actions = list(draft.actions)
-
-    def saves(tid, c):
-        return swap_seconds(profile, hardware, actions, tid, None) - swap_seconds(profile, hardware, actions, tid, c)
-
-    chosen = compress_where(profile, actions, candidates, allow_lossy, saves)
+    chosen = where_it_pays(profile, hardware, actions, candidates, allow_lossy)
     notes = {"base": base, "base_status": draft.status, "compressed_tensors": len(chosen),
              "codecs": sorted({c.name for c in chosen.values()}),
              "swapped_tensors": len({a.tensor for a in actions if a.kind == "offload"})}

@@ -54,6 +54,7 @@ Departures and limits:
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from simulator.api import Simulator
@@ -193,14 +194,7 @@ def plan_flashneuron(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS
 
     count = len(by_rule)
     if fits(count):   # the fewest offloads (in kernel order) the simulator runs in the budget
-        lo, hi = 0, count
-        while lo < hi:
-            middle = (lo + hi) // 2
-            if fits(middle):
-                hi = middle
-            else:
-                lo = middle + 1
-        count = lo
+        count = bisect_left(range(count), True, key=fits)
     chosen = by_rule[:count]
     notes.update(offloaded=len(chosen), offloaded_bytes=sum(c.nbytes for c in chosen),
                  offloaded_by_rule=len(by_rule), offloaded_bytes_by_rule=sum(c.nbytes for c in by_rule),

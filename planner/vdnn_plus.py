@@ -45,7 +45,7 @@ from simulator.profile import profile_sha256
 
 from .analysis import op_start_us
 from .api import score
-from .compression import compress_where, swap_seconds, with_codecs
+from .compression import swap_codecs, where_it_pays, with_codecs
 from .placement import METHODS, lifetimes, place_blocks
 from .registry import DEFAULT_OPTIONS, Draft, Param, register
 from .vdnn import plan_vdnn
@@ -138,12 +138,7 @@ def plan_vdnn_plus(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, 
     if better(tried):
         actions, current = early, tried
     if compress:
-        candidates = [c for c in hardware.codecs if c.where == "compute" and not c.lossy and c.format != "binarize"]
-
-        def saves(tid, codec):
-            return swap_seconds(profile, hardware, actions, tid, None) - swap_seconds(profile, hardware, actions,
-                                                                                      tid, codec)
-        chosen = compress_where(profile, actions, candidates, False, saves)
+        chosen = where_it_pays(profile, hardware, actions, swap_codecs(hardware, False), False)
         packed = with_codecs(actions, chosen)
         tried = score(profile, hardware, budget_bytes, packed) if chosen else None
         notes["compressed_tensors"] = len(chosen) if tried is not None and better(tried) else 0

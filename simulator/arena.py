@@ -210,12 +210,12 @@ class ArenaMemory(Memory):
                  placement: Placement | None = None, allocator: str | None = None):
         super().__init__(budget, nbytes)
         self.keys = keys
+        self.start_of = {request.owner: [request] for request in keys.start}
         self.placement = placement
         self.allocator = allocator
         self.ranges = Ranges(arena_bytes)
         self.pending: list[tuple[str, str, int, int]] = []
         self.blocked: dict | None = None
-        self.live_peak = 0
         self.log: list[list] = []               # [key, owner, size, start ps, end ps or None], in order
         self.open: dict[str, list] = {}         # owner -> its entry in the log while it holds a range
 
@@ -259,7 +259,7 @@ class ArenaMemory(Memory):
         return self._place([self.keys.transfers[j] for j in transfers], nbytes)
 
     def fits_start(self, tid: str, nbytes: int) -> bool:
-        return self._place([r for r in self.keys.start if r.owner == tid], nbytes)
+        return self._place(self.start_of.get(tid, []), nbytes)
 
     def allocate(self, tensors, extra: int, now: int) -> None:
         for owner, key, start, end in self.pending:
@@ -269,7 +269,6 @@ class ArenaMemory(Memory):
             self.open[owner] = entry
         self.pending = []
         super().allocate(tensors, extra, now)
-        self.live_peak = max(self.live_peak, self.used)
 
     def release(self, extra: int, now: int) -> None:
         if extra:

@@ -106,11 +106,11 @@ def describe(blocked: Blocked, op: str | None) -> tuple[str | None, str, dict]:
         if "held_by" in extra:
             start, end = extra["range"]
             reason += f"; allocation {extra['allocation']!r} at [{start}, {end}) is held by {extra['held_by']!r}"
-        else:
+        elif blocked.needed <= blocked.free:
             reason += (f"; allocation {extra['allocation']!r} finds no free range (fragmented: enough bytes are "
-                       "free, in pieces)" if blocked.needed <= blocked.free else "")
-            if blocked.needed > blocked.free:
-                extra.pop("fragmented", None)
+                       "free, in pieces)")
+        else:                              # short of bytes, not of a range
+            extra.pop("fragmented", None)
     return op, reason, {"waiting": what, "needed_bytes": blocked.needed, "free_bytes": blocked.free,
                         "largest_residents": blocked.residents, **extra}
 
@@ -281,13 +281,10 @@ class _Run:
             name = f"{transfer.kind} {transfer.tensor}"
             if transfer.members:
                 args["members"] = [member.tensor for member in group]
-                name = f"{transfer.kind} group {self.program_group(transfer)} ({len(group)} tensors)"
+                name = f"{transfer.kind} group {self.program.group_names[j]} ({len(group)} tensors)"
             self.spans.append(Span(stream.name, name, ps_to_us(self.start[j]), ps_to_us(now), args))
         for member in group:
             self._copy_done(member)
-
-    def program_group(self, transfer: Transfer) -> str:
-        return self.program.group_names.get(transfer.index, "") if self.program.group_names else ""
 
     def _copy_done(self, transfer: Transfer) -> None:
         """One copy has ended (alone, or as a member of its group, R53)."""
@@ -393,11 +390,6 @@ class _Run:
         if transfer.kind in ("load", "store"):
             return transfer.source < 0 or self.ended[transfer.source]
         if transfer.kind == "prefetch":
-            if not transfer.members:
-                if transfer.source >= 0 and not self.ended[transfer.source]:
-                    return False
-                return transfer.tensor not in self.memory.resident and self.memory.fits_prefetch(
-                    [transfer.index], self.memory.nbytes[transfer.buffer or transfer.tensor])
             group = self._group(transfer)       # R53: every member's source, and room for them all
             for member in group:
                 if (member.source >= 0 and not self.ended[member.source]) or member.tensor in self.memory.resident \

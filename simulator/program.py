@@ -68,6 +68,9 @@ class Transfer:
     members: tuple = ()              # R53: the other transfers of its group, when it leads one
     total: int = 0                   # bytes its flow moves: its own, or its group's when it leads one
 
+    def __post_init__(self):
+        self.total = self.nbytes
+
 
 @dataclass(eq=False, slots=True)
 class Drop:
@@ -200,8 +203,6 @@ def compile_program(profile: Profile, compiled: CompiledProfile, plan: Plan, mac
         return compile_uvm(profile, compiled, plan, machine)
     check_plan_rules(profile, plan)
     program = _Compiler(profile, compiled, plan, machine).compile()
-    for transfer in program.transfers:
-        transfer.total = transfer.nbytes
     if plan.uses_groups:
         group_transfers(program, plan)
     if plan.uses_codecs:
@@ -233,6 +234,7 @@ def group_transfers(program: Program, plan: Plan) -> None:
     prefetches) and tier; raises PlanInvalid otherwise."""
     sinks = [(-1, program.start_actions)] + sorted(program.actions.items())
     where: dict[str, int] = {}
+    program.group_names = {}
     for k, sink in sinks:
         leads: dict[str, Transfer] = {}
         kept = []
@@ -258,8 +260,6 @@ def group_transfers(program: Program, plan: Plan) -> None:
             lead.members += (item.index,)
             lead.total += item.nbytes
         sink[:] = kept
-        if program.group_names is None:
-            program.group_names = {}
         for group, lead in leads.items():
             program.group_names[lead.index] = group
 
