@@ -271,10 +271,10 @@ def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, alloc
                                                       "memory (the driver places blocks): no allocator to model")
     result = run_simulation(loaded, loaded_plan, hardware, budget_bytes,
                             record=bool(timeline_out or plot_out), allocator=allocator)
-    # any plan may swap, recompute and move weights: the most general bound applies
+    # any plan may swap, recompute, move weights and choose variants: the most general bound applies
     bound = bound_fields(lower_bound(loaded, hardware, result.budget_bytes, recompute=True, moves_persistent=True,
                                      cpu_ops=loaded_plan.uses_cpu, uvm=loaded_plan.uvm,
-                                     codecs=loaded_plan.uses_codecs), result)
+                                     codecs=loaded_plan.uses_codecs, variants=True), result)
     if timeline_out and result.timeline is not None:
         write_chrome_trace(result, timeline_out, title=f"{loaded.name} on {hardware.name}")
     if plot_out and result.timeline is not None:
@@ -465,16 +465,18 @@ def _print_replay(r: dict) -> None:
                                               "and a seeded synthetic batch of --density-batch samples (see "
                                               "docs/tracing.md).")
 @click.option("--density-batch", type=click.IntRange(1), default=None, metavar="N",
-              help="Batch of the real step --density runs [default: min(batch, 4)]; the graph at that batch "
-                   "must have the same tensors and ops as the traced one.")
+              help="Batch of the real step --density runs [default: min(batch, 2) for a language model, "
+                   "min(batch, 4) otherwise]; the graph at that batch must have the same tensors and ops as "
+                   "the traced one.")
 @click.option("--density-seq", type=click.IntRange(1), default=None, metavar="N",
-              help="Sequence length (image side) of the real step --density runs [default: --seq]; a shorter "
-                   "one is cheaper (the graph must still have the same tensors and ops).")
+              help="Sequence length (image side) of the real step --density runs [default: min(seq, 128) for "
+                   "a language model, then --seq if the graph differs at 128; --seq otherwise]; a shorter one "
+                   "is cheaper (the graph must still have the same tensors and ops).")
 @click.option("--density-seed", type=int, default=0, show_default=True, metavar="N",
               help="Seed of the weights, the batch and the RNG of --density's step.")
-@click.option("--density-threads", type=click.IntRange(1, 1024), default=1, show_default=True, metavar="N",
-              help="Intra-op CPU threads of --density's step (another count may move a density by one in its "
-                   "last digit).")
+@click.option("--density-threads", type=click.IntRange(1, 1024), default=None, metavar="N",
+              help="Intra-op CPU threads of --density's step [default: 2, whatever the machine: another count "
+                   "may move a density by one in its last digit].")
 @click.option("--density-file", "density_file", default=None, metavar="FILE",
               help="Set tensor densities from FILE, a JSON object mapping tensor ids (or unique tensor names) "
                    "to fractions of non-zero elements from 0 to 1 (over --density's for the tensors it names).")
@@ -507,7 +509,7 @@ def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name
     if (model is None and hf_config is None) or output is None:
         raise click.UsageError("MODEL (or --hf-config) and -o/--output are required (or --list)")
     if not density and (density_batch is not None or density_seq is not None or density_seed != 0
-                        or density_threads != 1):
+                        or density_threads is not None):
         raise click.UsageError("--density-batch, --density-seq, --density-seed and --density-threads go with "
                                "--density")
     _outputs(output, density_out)

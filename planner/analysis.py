@@ -54,30 +54,43 @@ def idle_gaps(profile: Profile, tid: str, starts: tuple[float, ...] | None = Non
             for a, b in zip(points, points[1:]) if b - a >= 2]
 
 
-def working_set(profile: Profile, position: int, include_persistent: bool = True) -> int:
+def working_set(profile: Profile, position: int, include_persistent: bool = True, variants: bool = False) -> int:
     """Bytes an op needs on the GPU while it runs: its inputs, outputs, in-place updates
-    and workspace (persistent tensors only if ``include_persistent``)."""
+    and workspace (persistent tensors only if ``include_persistent``; the smallest
+    workspace of its algorithms with ``variants``, R52)."""
     op = profile.ops[position]
     tensors = profile.tensor_by_id
     ids = set(op.inputs) | set(op.outputs) | set(op.updates)
-    return op.workspace_bytes + sum(tensors[t].bytes for t in ids
-                                    if include_persistent or not tensors[t].persistent)
+    workspace = least_workspace(op) if variants else op.workspace_bytes
+    return workspace + sum(tensors[t].bytes for t in ids if include_persistent or not tensors[t].persistent)
 
 
-def budget_floor(profile: Profile, moves_persistent: bool, cpu_phases: tuple[str, ...] = ()) -> tuple[int, str | None]:
+def least_workspace(op) -> int:
+    """The smallest workspace among an op's default algorithm and its variants (R52)."""
+    return min((op.workspace_bytes, *(v.workspace_bytes for v in op.variants)))
+
+
+def fastest_time_us(op) -> float:
+    """The shortest time among an op's default algorithm and its variants (R52)."""
+    return min((op.time_us, *(v.time_us for v in op.variants)))
+
+
+def budget_floor(profile: Profile, moves_persistent: bool, cpu_phases: tuple[str, ...] = (),
+                 variants: bool = False) -> tuple[int, str | None]:
     """The smallest budget any plan of this kind can meet, and the op that sets it.
 
     A planner that keeps weights and optimizer state on the GPU needs them all plus the
     largest working set of non-persistent tensors of a single op; one that may move them
     needs only the largest single-op working set. Ops of ``cpu_phases`` (a planner that
-    runs them on the host CPU) need no GPU memory.
+    runs them on the host CPU) need no GPU memory. A planner that chooses op variants
+    (``variants``) needs each op's smallest workspace only.
     """
     base = 0 if moves_persistent else profile.persistent_bytes
     best, where = base, None
     for i, op in enumerate(profile.ops):
         if op.phase in cpu_phases:
             continue
-        need = base + working_set(profile, i, include_persistent=moves_persistent)
+        need = base + working_set(profile, i, include_persistent=moves_persistent, variants=variants)
         if need > best:
             best, where = need, op.id
     return best, where

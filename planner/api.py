@@ -53,7 +53,8 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     if spec.memory == "uvm":
         floor, floor_op = uvm_floor(profile, hardware.uvm.block_bytes, hardware.uvm.fault_batch_blocks)
     else:
-        floor, floor_op = budget_floor(profile, spec.moves_persistent, spec.cpu_phases)
+        floor, floor_op = budget_floor(profile, spec.moves_persistent, spec.cpu_phases,
+                                       variants=spec.chooses_variants(resolved))
     if budget_bytes < floor:
         why = (f"op {floor_op!r} needs its working set, and weights and optimizer state stay on the GPU"
                if not spec.moves_persistent else f"the working set of op {floor_op!r}")
@@ -75,7 +76,7 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
         plan, result = _grouped(profile, hardware, budget_bytes, plan, result, draft.notes)
     bound = lower_bound(profile, hardware, budget_bytes, recompute=spec.recomputes,
                         moves_persistent=spec.moves_persistent, cpu_ops=plan.uses_cpu, uvm=plan.uvm,
-                        codecs=plan.uses_codecs)
+                        codecs=plan.uses_codecs, variants=spec.chooses_variants(resolved) or bool(plan.variants))
     status = draft.status if result.ok else ("invalid" if not result.valid else "infeasible")
     plan.planner = PlannerInfo(name=planner, params=resolved, status=status, gap=draft.gap, seed=options.seed,
                                notes=_plain(draft.notes), estimate_us=draft.estimate_us,

@@ -30,13 +30,14 @@ crosses PCIe, so it is never faster) and contention between offloads of differen
 from __future__ import annotations
 
 import bisect
+from itertools import accumulate
 from dataclasses import dataclass
 
 from simulator.compiled import link_speed
 from simulator.hardware import Hardware
 from simulator.profile import Profile
 
-from .analysis import op_start_us
+from .analysis import fastest_time_us, least_workspace, op_start_us
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class Bound:
 
 def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompute: bool = True,
                 moves_persistent: bool = False, cpu_ops: bool = False, uvm: bool = False,
-                codecs: bool = False) -> Bound:
+                codecs: bool = False, variants: bool = False) -> Bound:
     """The lower bound of the module docstring for ``budget_bytes`` on ``hardware``.
 
     With ``cpu_ops`` (a plan that runs ops on the host CPU, R24) the argument does not
@@ -87,7 +88,10 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
     does hold is that no UVM plan beats the ideal time (compute never waits less than
     nothing), so the bound reported is the ideal, of kind ``uvm (the ideal)``. With
     ``codecs`` (R40-R42: compressed transfers move fewer bytes than the tensor, an
-    encoded tensor takes less memory) it does not apply either.
+    encoded tensor takes less memory) it does not apply either. With ``variants`` (a plan
+    that may choose op variants, R52) each op counts at its fastest algorithm's time and
+    its smallest workspace (a relaxation: the bound holds for every choice), and the
+    bound may then lie below the profile's ideal time.
     """
     if uvm:
         return Bound(profile.ideal_us, None, recompute, moves_persistent, uvm=True)
@@ -96,15 +100,23 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
     if codecs:
         return Bound(float("nan"), None, recompute, moves_persistent, applies=False, outside="codecs")
     starts = op_start_us(profile)
+    times = tuple(op.time_us for op in profile.ops)
+    spare = [0] * len(profile.ops)   # workspace bytes a smaller variant frees at each op
+    best = profile.ideal_us          # the rounded ideal time (R3) the simulator reports
+    if variants and any(op.variants for op in profile.ops):
+        times = tuple(fastest_time_us(op) for op in profile.ops)
+        starts = (0.0, *accumulate(times))
+        spare = [op.workspace_bytes - least_workspace(op) for op in profile.ops]
+        best = min(best, starts[-1])
     ideal = starts[-1]
     latency, up = link_speed(hardware, "offload", "host")
     _, down = link_speed(hardware, "prefetch", "host")
     tensors = profile.tensor_by_id
     persistent = profile.persistent_bytes
-    best, where = profile.ideal_us, None   # the rounded ideal time (R3) the simulator reports
+    where = None
     candidates = []
     for p, op in enumerate(profile.ops):
-        excess = profile.resident_bytes[p] - budget_bytes
+        excess = profile.resident_bytes[p] - spare[p] - budget_bytes
         if excess <= 0:
             continue
         touched = set(op.inputs) | set(op.outputs) | set(op.updates)
@@ -128,7 +140,7 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
         value = swap_only
         if recompute:
             idle = [t for t in _live_at(profile, p) if t not in touched]
-            value = _with_recompute(profile, starts[p], ideal - starts[p], excess, idle, latency, up, down)
+            value = _with_recompute(profile, times, starts[p], ideal - starts[p], excess, idle, latency, up, down)
         if value > best:
             best, where = value, profile.ops[p].id
     return Bound(best, where, recompute, moves_persistent)
@@ -141,13 +153,13 @@ def _expression(before_us: float, rest_us: float, swapped: float, recompute_us: 
     return out + max(rest_us + recompute_us, back)
 
 
-def _with_recompute(profile: Profile, before_us: float, rest_us: float, excess: int, idle: list[str],
-                    latency: float, up: float, down: float) -> float:
+def _with_recompute(profile: Profile, times: tuple, before_us: float, rest_us: float, excess: int,
+                    idle: list[str], latency: float, up: float, down: float) -> float:
     """The minimum over the bytes swapped S (the rest recomputed) of the expression. It is
     convex and piecewise linear in S, so the minimum lies at one of its breakpoints: the
     ends, where the copies out stop limiting the start of p, the ends of the recompute
     cost's pieces, and where on each piece the copies back meet the compute after p."""
-    costs = sorted((profile.ops[profile.producer[t]].time_us / b, b) for t in idle
+    costs = sorted((times[profile.producer[t]] / b, b) for t in idle
                    if (b := profile.tensor_by_id[t].bytes) > 0)
     cum_bytes, cum_time = [0], [0.0]
     for ratio, nbytes in costs:

@@ -45,9 +45,9 @@ What it does
    workspace than its default set to its smallest-workspace variant (the
    memory-optimal start); step 3 then upgrades ops towards faster ones while the plan
    stays feasible. The better of the two outcomes is returned (a feasible plan first).
-   make_plan's floor counts each op's default workspace, so through make_plan this
-   step only matters when the rounds run out; called directly (``plan_modnn``) it also
-   plans budgets below that floor that smaller-workspace variants can meet.
+   make_plan's floor (and the lower bound) count each op's smallest workspace and
+   fastest time among its algorithms for ``modnn`` (with ``variants`` on), so budgets
+   only smaller-workspace variants can meet are planned, not refused.
 
 Shipped profiles list no variants, so on them ``modnn`` is an offload-on-failure
 planner (steps 1 and 2).
@@ -358,7 +358,7 @@ def _rank(result) -> tuple:
                                             "each as if alone on it; best: both searched, the faster kept",
                         choices=("best", "queue", "alone")),
                   Param("variants", True, "choose op variants (R52) after offloading")),
-          moves_persistent=False,
+          moves_persistent=False, variants="variants",
           paper="Chen, Chen, Hu, moDNN: Memory Optimal DNN Training on GPUs, DATE 2018")
 def plan_modnn(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, rounds=2000, ahead=1.0,
                prefetch="best", variants=True) -> Draft:

@@ -4,8 +4,11 @@ a runtime can lay out one arena and never ask an allocator (``swapplan place``).
 Lifetimes come from the simulated iteration of the plan under its budget
 (simulator/engine.py ``allocation_lifetimes``): each allocation holds its bytes from the
 instant it is made to the instant it is freed (to the end of the iteration for what is
-still held then: persistent tensors, which are placed first). Blocks are then placed one
-by one, each at the lowest offset where it overlaps no placed block that is alive at the
+still held then: persistent tensors, which are placed first). A persistent tensor on the
+GPU at the start must end the iteration where it started (R50: the next iteration finds it
+there), so its first and last allocations are placed as one block; its allocations in
+between (a weight fetched again after an eviction) are free to go anywhere. Blocks are
+then placed one by one, each at the lowest offset where it overlaps no placed block that is alive at the
 same time (first fit in address), in an order that is the method:
 
 - ``smartpool``: SmartPool's offline interval colouring (Zhang et al., arXiv 1903.06631):
@@ -46,15 +49,15 @@ def lowest_offset(size: int, busy: list[tuple[int, int]]) -> int:
 
 
 def place_blocks(blocks: list[tuple[str, int, int, int, bool]], method: str,
-                 persistent: frozenset = frozenset()) -> tuple[dict[str, int], int]:
+                 tied: dict[str, str] | None = None) -> tuple[dict[str, int], int]:
     """Offsets for (key, size, start, end, cross-iteration) blocks alive in [start, end),
-    and the arena they need. Every allocation of a persistent tensor (``tensor#k``, tensor
-    in ``persistent``) gets one offset, free over all of its intervals: the next
-    iteration finds it where this one left it (R50)."""
-    units: dict[str, list] = {}      # one unit per persistent tensor, one per other block
+    and the arena they need. Keys that ``tied`` maps to the same unit name get one
+    offset, free over all of their intervals (a persistent tensor's first and last
+    allocations: :func:`tied_keys`)."""
+    tied = tied or {}
+    units: dict[str, list] = {}      # one unit per tied group, one per other block
     for block in blocks:
-        owner = block[0].rsplit("#", 1)[0]
-        units.setdefault(owner if owner in persistent else block[0], []).append(block)
+        units.setdefault(tied.get(block[0], block[0]), []).append(block)
 
     def size(unit):
         return max(b[1] for b in unit)
@@ -89,10 +92,26 @@ def place_blocks(blocks: list[tuple[str, int, int, int, bool]], method: str,
     return offsets, arena
 
 
+def tied_keys(keys) -> dict[str, str]:
+    """For R50's allocation keys (``simulator.arena.allocation_keys``): each persistent
+    tensor on the GPU at the start, its first and last allocations, mapped to the tensor
+    (the next iteration must find it where this one started it)."""
+    last: dict[str, str] = {}
+    numbers: dict[str, int] = {}
+    starts = {request.owner: request.key for request in keys.start}
+    for request in keys.all():
+        if request.owner in starts:
+            number = int(request.key.rsplit("#", 1)[1])
+            if number > numbers.get(request.owner, 0):
+                numbers[request.owner], last[request.owner] = number, request.key
+    return {key: owner for owner, first in starts.items() for key in {first, last[owner]}}
+
+
 def lifetimes(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None):
-    """(Result, blocks, zero-byte keys) of the plan's iteration: each GPU allocation as
-    (key, bytes, start ps, end ps, still held at the end); a zero-length one holds one ps.
-    Zero-byte allocations take no room but need a key too."""
+    """(Result, blocks, zero-byte keys, tied keys) of the plan's iteration: each GPU
+    allocation as (key, bytes, start ps, end ps, still held at the end); a zero-length
+    one holds one ps. Zero-byte allocations take no room but need a key too; tied keys
+    (:func:`tied_keys`) must share an offset."""
     sim = Simulator(profile, hardware)
     bare = replace(plan, placement=None)
     check_plan(bare, profile, sim.machine.has_ssd, sim.machine.cpu is not None)
@@ -111,8 +130,9 @@ def lifetimes(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: in
         held = end is None
         stop = end_of_iteration if held else max(end, start + 1)
         blocks.append((key, size, start, stop, held))
-    zero = [request.key for request in allocation_keys(program, sim.compiled).all() if request.size == 0]
-    return result, blocks, zero
+    keys = allocation_keys(program, sim.compiled)
+    zero = [request.key for request in keys.all() if request.size == 0]
+    return result, blocks, zero, tied_keys(keys)
 
 
 def place(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None = None,
@@ -122,11 +142,11 @@ def place(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | 
     infeasible: there are no lifetimes to place)."""
     if method not in METHODS:
         raise InputError("<argument>", "--method", f"{method!r} is not one of {', '.join(METHODS)}")
-    result, blocks, zero = lifetimes(profile, plan, hardware, budget_bytes)
+    result, blocks, zero, tied = lifetimes(profile, plan, hardware, budget_bytes)
     if not result.ok:
         raise InputError(plan.origin, "plan", f"the plan does not run ({result.reason}); only a plan that runs "
                                               "has lifetimes to place")
-    offsets, arena = place_blocks(blocks, method, frozenset(t.id for t in profile.tensors if t.persistent))
+    offsets, arena = place_blocks(blocks, method, tied)
     for key in zero:
         offsets[key] = 0
     placed = replace(plan, placement=Placement(arena, dict(sorted(offsets.items()))))

@@ -153,6 +153,11 @@ class PlannerSpec:
     recomputes: bool = False        # may it recompute (which lower bound applies)?
     cpu_phases: tuple[str, ...] = ()  # phases whose ops it may run on the host CPU (R24)
     memory: str = "explicit"        # "uvm": its plans run in managed memory (R30-R37)
+    variants: str | None = None     # the parameter that lets it choose op variants (R52), if it may
+
+    def chooses_variants(self, resolved: dict[str, Any]) -> bool:
+        """Whether a run with these (resolved) parameters may choose op variants."""
+        return self.variants is not None and bool(resolved.get(self.variants))
 
     def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
         """Defaults overlaid with ``given`` (checked and coerced). Unknown names are errors."""
@@ -170,13 +175,15 @@ REGISTRY: dict[str, PlannerSpec] = {}
 
 
 def register(name: str, summary: str, params: tuple[Param, ...] = (), moves_persistent: bool = False,
-             paper: str = "", recomputes: bool = False, cpu_phases: tuple[str, ...] = (), memory: str = "explicit"):
-    """Decorator: register a planner function under ``name``."""
+             paper: str = "", recomputes: bool = False, cpu_phases: tuple[str, ...] = (), memory: str = "explicit",
+             variants: str | None = None):
+    """Decorator: register a planner function under ``name`` (``variants``: the name of
+    its boolean parameter that lets it choose op variants, for a planner that may)."""
     def wrap(func: Callable[..., Draft]) -> Callable[..., Draft]:
         if name in REGISTRY:
             raise ValueError(f"planner {name!r} registered twice")
         REGISTRY[name] = PlannerSpec(name, func, summary, tuple(params), moves_persistent, paper, recomputes,
-                                     tuple(cpu_phases), memory)
+                                     tuple(cpu_phases), memory, variants)
         return func
     return wrap
 

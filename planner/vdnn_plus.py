@@ -89,18 +89,17 @@ def arena_within(profile, hardware, budget_bytes, actions):
     smaller ones (a tighter run leaves fewer allocations alive together); kept when the
     placed plan runs within the budget. (None, why) when none does."""
     plan = Plan(profile.name, tuple(actions), profile_sha256=profile_sha256(profile))
-    persistent = frozenset(t.id for t in profile.tensors if t.persistent)
     why = "no placement tried"
     for shrink in SHRINK:
         try:
-            result, blocks, zero = lifetimes(profile, plan, hardware, int(budget_bytes * shrink))
+            result, blocks, zero, tied = lifetimes(profile, plan, hardware, int(budget_bytes * shrink))
         except InputError as exc:
             why = f"lifetimes under {shrink:.0%} of the budget: {exc}"
             continue
         if not result.ok:
             why = f"the plan does not run under {shrink:.0%} of the budget"
             continue
-        method, offsets, arena_bytes = min(((m, *place_blocks(blocks, m, persistent)) for m in METHODS),
+        method, offsets, arena_bytes = min(((m, *place_blocks(blocks, m, tied)) for m in METHODS),
                                            key=lambda found: found[2])
         if arena_bytes > budget_bytes:
             why = f"the smallest arena, {arena_bytes} bytes ({method}), passes the budget"

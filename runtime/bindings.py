@@ -255,10 +255,15 @@ def initial_values(bindings: Bindings, seed: int = 0) -> Values:
 
 
 def seeded_values(capture, workload, *, optimizer: str = "adamw", amp: str | None = None, dtype: str = "fp32",
-                  seed: int = 0) -> Values:
+                  seed: int = 0, optimizer_step: bool = True) -> Values:
     """The values of :func:`initial_values` for a traced ``capture`` (its fake values give
     the dtypes and shapes) from ``workload``, the same model built for a real run (on the
-    CPU, or on the meta device: then materialised) after ``torch.manual_seed(seed)``."""
+    CPU, or on the meta device: then materialised) after ``torch.manual_seed(seed)``.
+
+    ``optimizer_step=False`` is for a run that stops before the optimizer: the parameters
+    are the module's own tensors where their dtype is the graph's (not copies), and every
+    optimizer state is a zero-stride stand-in of its shape (no memory: GPT-2's AdamW
+    moments would take 1 GB)."""
     import torch
 
     from tracer.torch_trace import _torch_dtype, state_names
@@ -271,11 +276,14 @@ def seeded_values(capture, workload, *, optimizer: str = "adamw", amp: str | Non
     named_params = dict(module.named_parameters(remove_duplicate=False))   # the graph's names, tied or not
     named_buffers = dict(module.named_buffers(remove_duplicate=False))
     fakes = capture
-    params = [_real(named_params[n], f.dtype) for n, f in zip(step.param_names, fakes.params)]
+    params = [_real(named_params[n], f.dtype, optimizer_step) for n, f in zip(step.param_names, fakes.params)]
     buffers = [_real(named_buffers[n], f.dtype) for n, f in zip(step.buffer_names, fakes.buffers)]
     states = []
     for name in state_names(optimizer, amp):
-        if name == "master":
+        if not optimizer_step:
+            stand_in = torch.zeros((), dtype=torch.float32 if name == "master" else state_dtype)
+            states.append([stand_in.expand(p.shape) for p in params])
+        elif name == "master":
             states.append([p.detach().to(torch.float32).clone() for p in params])
         else:
             states.append([torch.zeros(p.shape, dtype=state_dtype) for p in params])
@@ -292,10 +300,10 @@ def seeded_values(capture, workload, *, optimizer: str = "adamw", amp: str | Non
     return Values(params, buffers, states, batch)
 
 
-def _real(tensor, dtype):
+def _real(tensor, dtype, copy: bool = True):
     import torch
     with torch.no_grad():
-        return tensor.detach().to(dtype=dtype, copy=True).contiguous()
+        return tensor.detach().to(dtype=dtype, copy=copy).contiguous()
 
 
 def _materialise(module) -> None:

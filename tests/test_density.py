@@ -120,7 +120,7 @@ def test_relu_mlp_densities_match_a_direct_count(measured):
 def test_density_batch_equal_to_the_batch_and_seeds():
     from tracer.torch_trace import trace
     full = trace(f"{ME}:relu_mlp", batch=8, density=True, density_batch=8)
-    assert full.source["density"] == {**full.source["density"], "batch": 8, "seed": 0, "threads": 1, "digits": 4}
+    assert full.source["density"] == {**full.source["density"], "batch": 8, "seed": 0, "threads": 2, "digits": 4}
     assert "unmeasured" not in full.source["density"]
     assert all(t.density is not None for t in full.tensors)   # at the traced batch: every tensor
     by_name = {t.name: t for t in full.tensors}
@@ -197,6 +197,98 @@ def test_cli_density_errors(tmp_path):
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == \
         f"error: {bad}: t21: expected a density (fraction of non-zero elements) from 0 to 1, got 1.25"
+
+
+def seq_dependent(batch=4, seq=8):
+    """A model whose graph depends on the sequence length as ``transposing``'s on the
+    batch: at seq 1 the transpose is contiguous and no copy is made."""
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(batch, 4)
+
+        def forward(self, x):
+            return torch.relu(self.lin(x.t().contiguous())).sum(0)
+
+    return Net(), (torch.empty(batch, seq),)
+
+
+def test_default_step_sizes():
+    from tracer.density import step_sizes
+    assert step_sizes("causal-lm", 48, 1024) == (2, [128, 1024])     # 2 x 128 tokens, then the traced seq
+    assert step_sizes("masked-lm", 1, 64) == (1, [64])               # never more than traced
+    assert step_sizes("vision", 1024, 224) == (4, [224])             # the traced image side
+    assert step_sizes(None, 16, None) == (4, [None])                 # a user model: its own seq
+    assert step_sizes("causal-lm", 48, 1024, 3, 256) == (3, [256])   # given: only that
+    assert step_sizes("causal-lm", 48, 1024, density_batch=8) == (8, [128, 1024])
+
+
+@needs_torch
+def test_a_default_shorter_seq_whose_graph_differs_gives_way_to_the_traced_one(monkeypatch):
+    from tracer import density
+    from tracer.torch_trace import trace
+    monkeypatch.setattr(density, "step_sizes", lambda kind, b, s, db=None, ds=None: (2, [1, s]))
+    profile = trace(f"{ME}:seq_dependent", batch=4, seq=8, density=True)
+    assert (profile.source["density"]["batch"], profile.source["density"]["seq"]) == (2, 8)
+    monkeypatch.setattr(density, "step_sizes", lambda kind, b, s, db=None, ds=None: (2, [1]))
+    with pytest.raises(InputError, match="the graph at batch 2, seq 1 differs from the traced one at batch 4, "
+                                         "seq 8"):
+        trace(f"{ME}:seq_dependent", batch=4, seq=8, density=True)
+
+
+@needs_torch
+def test_only_what_the_counted_tensors_need_runs_and_counts_the_same():
+    """At a smaller batch only activations are counted: the weight gradients and the
+    optimizer step do not run and the optimizer state gets no memory, yet every count
+    equals that of a run of every node (the in-place ReLU and accumulations included)."""
+    from runtime.bindings import seeded_values
+    from tracer import density, models
+    from tracer.torch_trace import capture, lower
+    from simulator.hardware import load_hardware
+
+    def step():
+        import torch
+        workload = models.build(f"{ME}:relu_mlp", batch=4)
+        cap = capture(workload)
+        tensors, ops = lower(cap, load_hardware("a100-40gb-pcie4"), "fp32", "adamw", runtime=True)
+        torch.manual_seed(0)
+        return cap, tensors, ops, models.build(f"{ME}:relu_mlp", batch=4, device="cpu")
+
+    cap, tensors, ops, real = step()
+    everything = density.measure(cap, tensors, ops, real)
+    scaled = {t.id for t in tensors if t.kind in ("activation", "input")
+              or (t.kind == "gradient" and not t.name.endswith(".grad"))}
+    cap, tensors, ops, real = step()
+    some = density.measure(cap, tensors, ops, real, wanted=scaled)
+    assert {tid: some[tid] for tid in scaled} == {tid: everything[tid] for tid in scaled}
+    assert all(some[t.id] is None for t in tensors if t.id not in scaled)
+
+    gm = cap.graph_module
+    inplace = {n for op in ops if op.fx.rewrite == "inplace_accumulate" for n in op.fx.nodes}
+    by_node = {}
+    for t in tensors:
+        if t.id in scaled:
+            by_node.setdefault(t.fx.node, t)
+    last = {}
+    for op in ops:
+        for tid in op.outputs + op.updates:
+            last[tid] = op
+    terminals = set(by_node) | {n for tid in scaled if tid in last for n in last[tid].fx.nodes}
+    needed = density.needed_nodes(gm, terminals, inplace)
+    ran = {n.target.overloadpacket.__name__ for n in gm.graph.nodes
+           if n.name in needed and n.op == "call_function" and hasattr(n.target, "overloadpacket")}
+    skipped = {n.target.overloadpacket.__name__ for n in gm.graph.nodes
+               if n.name not in needed and n.op == "call_function" and hasattr(n.target, "overloadpacket")}
+    assert "relu_" in ran or "relu" in ran
+    assert any(name.startswith("_foreach") for name in skipped)        # the optimizer step
+    assert "mm" in skipped and "mm" in ran    # the weight gradients; the input gradients run
+    assert not density._reads_states(gm, cap, needed)
+    values = seeded_values(cap, real, optimizer_step=False)
+    assert all(t.stride() == (0,) * t.dim() for s in values.states for t in s)   # no memory
+    assert density.needed_nodes(gm, set()) == set()
 
 
 # ----------------------------------------------------------------------------- files

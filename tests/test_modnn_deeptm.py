@@ -90,13 +90,30 @@ def test_modnn_starts_from_the_smallest_workspaces_when_the_defaults_cannot_fit(
                 {"name": "mid", "time_us": 1200, "workspace_bytes": 150},
                 {"name": "huge", "time_us": 100, "workspace_bytes": 5000}]
     profile, hw = conv_profile(workspace=3000, variants=variants), machine()
-    with pytest.raises(InfeasibleError):   # make_plan's floor counts the default workspace
-        make_plan(profile, hw, 2000, "modnn")
-    spec = get_planner("modnn")
-    draft = spec.func(profile, hw, 2000, **spec.resolve({}))
-    assert draft.variants == {"x": "mid"} and draft.actions == []
-    assert score(profile, hw, 2000, draft.actions, variants=draft.variants).ok
-    assert "smallest-workspace" in draft.notes["start"]
+    planned = make_plan(profile, hw, 2000, "modnn")   # the floor counts x's smallest workspace
+    assert planned.plan.variants == {"x": "mid"} and planned.plan.actions == ()
+    assert planned.result.ok and "smallest-workspace" in planned.plan.planner.notes["start"]
+    # the bound counts each op at its fastest algorithm: no plan beats it, this one included
+    assert planned.result.iteration_us >= planned.plan.planner.lower_bound_us - 1e-6
+    # a planner that never chooses variants (or modnn told not to) is refused that budget
+    for planner, params in (("capuchin", {}), ("modnn", {"variants": False})):
+        with pytest.raises(InfeasibleError, match="smallest budget planner"):
+            make_plan(profile, hw, 2000, planner, params)
+
+
+def test_the_floor_and_the_bound_with_variants():
+    from planner.analysis import budget_floor
+    from planner.bound import lower_bound
+    variants = [{"name": "small", "time_us": 2000, "workspace_bytes": 0},
+                {"name": "huge", "time_us": 100, "workspace_bytes": 5000}]
+    profile, hw = conv_profile(workspace=3000, variants=variants), machine()
+    # at x: w (100) + y (10) + workspace, weights kept: w counted once in the base
+    assert budget_floor(profile, moves_persistent=False) == (100 + 10 + 3000, "x")
+    assert budget_floor(profile, moves_persistent=False, variants=True) == (100 + 10 + 300 + 500 + 900 + 1, "q")
+    plain, relaxed = lower_bound(profile, hw, 10**6), lower_bound(profile, hw, 10**6, variants=True)
+    assert plain.iteration_us == profile.ideal_us == 1002
+    assert relaxed.iteration_us == 1.0 + 100 + 1.0     # x at its fastest (huge)
+    assert lower_bound(conv_profile(variants=()), hw, 10**6, variants=True).iteration_us == 1002
 
 
 # ----------------------------------------------------------------------------- deeptm

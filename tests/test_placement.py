@@ -141,18 +141,37 @@ def test_placement_round_trips_through_json(tmp_path):
     assert again.placement == plan.placement and replace(again, origin="x").placement.arena_bytes == 2048
 
 
-def test_persistent_tensors_keep_one_offset_across_their_allocations():
+def test_persistent_tensors_end_where_they_started():
     from planner.api import make_plan
     from simulator.hardware import load_hardware
     from tracer.synthetic import synthesize
     hw = load_hardware("a100-40gb-pcie4")
     profile = synthesize("mlp")
     plan = make_plan(profile, hw, int(profile.peak_bytes * 0.6), "g10").plan
-    out, _ = place(profile, plan, hw, None, "smartpool")
-    again = {key.rsplit("#", 1)[0] for key in out.placement.offsets if key.endswith("#2")}
-    persistent = {t.id for t in profile.tensors if t.persistent} & again
-    assert persistent, "the G10 plan brings no weight back: the test needs one that does"
-    for tid in persistent:
-        offsets = {v for k, v in out.placement.offsets.items() if k.rsplit("#", 1)[0] == tid}
-        assert len(offsets) == 1
-    assert Simulator(profile, hw).simulate(out).valid
+    out, figures = place(profile, plan, hw, None, "smartpool")
+    offsets = out.placement.offsets
+    fetched = {key.rsplit("#", 1)[0] for key in offsets if key.endswith("#2")}
+    persistent = ({t.id for t in profile.tensors if t.persistent} & fetched) - set(plan.initial)
+    assert persistent, "the G10 plan brings no weight on the GPU at the start back: the test needs one that does"
+    for tid in persistent:   # on the GPU at the start, evicted and fetched again
+        numbers = sorted(int(k.rsplit("#", 1)[1]) for k in offsets if k.rsplit("#", 1)[0] == tid)
+        assert offsets[f"{tid}#1"] == offsets[f"{tid}#{numbers[-1]}"]   # the next iteration finds it there
+    result = Simulator(profile, hw).simulate(out)
+    assert result.ok and result.arena_bytes == figures["arena_bytes"]
+    # a placement that moves one of them between the start and the end is refused
+    tid = sorted(persistent)[0]
+    last = max(int(k.rsplit("#", 1)[1]) for k in offsets if k.rsplit("#", 1)[0] == tid)
+    moved = dict(offsets)
+    moved[f"{tid}#{last}"] = out.placement.arena_bytes
+    bad = replace(out, placement=Placement(out.placement.arena_bytes * 2, moved))
+    refused = Simulator(profile, hw).simulate(bad)
+    assert not refused.valid and "would not find it where it starts" in refused.reason
+
+
+def test_tied_blocks_share_an_offset_and_the_rest_move_freely():
+    # w#1 (start) and w#3 (end) tied; w#2 lives in between, where x holds offset 0
+    blocks = [("w#1", 10, 0, 5, False), ("x", 10, 5, 20, False), ("w#2", 10, 10, 15, False),
+              ("w#3", 10, 20, 30, True)]
+    offsets, arena = place_blocks(blocks, "smartpool", {"w#1": "w", "w#3": "w"})
+    assert offsets["w#1"] == offsets["w#3"] == 0 and offsets["x"] == 0 and offsets["w#2"] == 10
+    assert arena == 20

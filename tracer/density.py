@@ -19,23 +19,29 @@ that no op writes (the batch, a buffer the step only reads) is counted as it com
   (``-0.0`` included; NaN is not zero); bool masks count their true elements, index
   tensors their non-zero indices: a zero-value compressor drops zero elements whatever
   their type.
-- Densities are rounded to :data:`DIGITS` decimal digits, and the step runs with one
-  intra-op thread by default, so that the same model, seed and sizes give the same
-  profile bytes (with the same torch build and CPU kernels: other kernels, or another
-  thread count, may round a value near zero the other way, which can move a density
-  by one in its last digit).
-- The step runs at a smaller batch than the profile's (``density_batch``, by default
-  ``min(batch, DEFAULT_BATCH)``; and at a shorter sequence with ``density_seq``): its
+- Densities are rounded to :data:`DIGITS` decimal digits, and the step runs with a fixed
+  number of intra-op threads (:data:`DEFAULT_THREADS`, whatever the machine's cores), so
+  that the same model, seed and sizes give the same profile bytes (with the same torch
+  build and CPU kernels: other kernels, or another thread count, may round a value near
+  zero the other way, which can move a density by one in its last digit).
+- The step runs at a smaller batch than the profile's (``density_batch``) and, for a
+  language model, a shorter sequence (``density_seq``; defaults: :func:`step_sizes`): its
   graph must lower to the same tensors and ops (same ids, kinds, names, dtypes; same op
   names, phases, modules and dataflow), only their sizes differ, else an InputError says
-  where they first differ. The densities of the tensors whose size scales with the batch
-  (activations, their gradients, the batch) are per-sample statistics, and a few samples
-  measure them. A tensor of the same size at both sizes is a sum over the batch (a
-  weight's gradient, the optimizer state made from it) or does not depend on it
+  where they first differ (a default shorter sequence whose graph differs gives way to
+  the traced one). The densities of the tensors whose size scales with the batch
+  (activations, their gradients, the batch) are per-sample (per-token) statistics, and a
+  few samples measure them. A tensor of the same size at both sizes is a sum over the
+  batch (a weight's gradient, the optimizer state made from it) or does not depend on it
   (weights, buffers): at a few samples its zeros are not those of the full batch (one
   of VGG-16's classifier gradients is 11% non-zero at batch 2, because few samples
   reach its units), so when the step runs at a smaller size such tensors get no density
   (the simulator takes them as dense); at the traced sizes every tensor gets one.
+- Only the graph nodes the counted tensors depend on run (:func:`needed_nodes`): at a
+  smaller size, the weight gradients and the optimizer step are left out and the
+  optimizer state gets no memory. Every random op up to the last counted tensor runs,
+  so each one draws what it draws in the whole step: the counts are those of a run of
+  every node.
 
 ``read_density_file(path, profile)`` reads a JSON object mapping tensor ids (or unique
 tensor names) to densities; ``with_densities(profile, densities)`` returns the profile
@@ -54,8 +60,12 @@ from simulator.files import read_document, write_atomic
 from simulator.profile import Profile
 
 DIGITS = 4           # densities are rounded to this many decimal digits
-DEFAULT_BATCH = 4    # the default density batch is min(the profile's batch, this)
-DEFAULT_THREADS = 1  # intra-op threads of the step: the same counts on every machine with the same kernels
+DEFAULT_BATCH = 4    # the default density batch: min(the profile's batch, this) ...
+LM_BATCH = 2         # ... of a language model: min(batch, this) sequences (at batch 1 GPT-2's graph differs)
+LM_SEQ = 128         # ... of min(seq, this) tokens (then the traced seq, if the graph differs at this one)
+DEFAULT_THREADS = 2  # intra-op threads of the step: a fixed count, so the same counts on every machine
+                     # with the same kernels (a conv's reduction is split by thread count)
+LANGUAGE_MODELS = ("causal-lm", "masked-lm")
 
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
 
@@ -169,6 +179,27 @@ def summary(profile: Profile) -> str:
     return f"densities of {count} tensors, mean by kind: {', '.join(parts)}"
 
 
+# ----------------------------------------------------------------------------- sizes
+
+
+def step_sizes(kind: str | None, batch: int, seq: int | None, density_batch: int | None = None,
+               density_seq: int | None = None) -> tuple[int, list]:
+    """The batch of the density step and the sequence lengths (or image sides) to try, in
+    order, for a model of this ``kind`` (a registered model's, "causal-lm" for a config,
+    None for a user model) traced at ``batch`` and ``seq``: what is given, else
+    min(batch, LM_BATCH) sequences of min(seq, LM_SEQ) tokens, then of ``seq`` tokens,
+    for a language model, and min(batch, DEFAULT_BATCH) samples at the traced size
+    otherwise (an image's statistics depend on its side; a user model's seq may mean
+    anything)."""
+    lm = kind in LANGUAGE_MODELS
+    small_b = density_batch if density_batch is not None else min(batch, LM_BATCH if lm else DEFAULT_BATCH)
+    if density_seq is not None or seq is None:
+        return small_b, [seq if density_seq is None else density_seq]
+    if lm and seq > LM_SEQ:
+        return small_b, [LM_SEQ, seq]
+    return small_b, [seq]
+
+
 # ----------------------------------------------------------------------------- structure
 
 
@@ -220,7 +251,6 @@ def measure(capture, tensors: list, ops: list, workload, *, optimizer: str = "ad
 
     gm = capture.graph_module
     _check_cpu_kernels(gm)
-    values = seeded_values(capture, workload, optimizer=optimizer, amp=amp, dtype=dtype, seed=seed)
     position = {node.name: k for k, node in enumerate(gm.graph.nodes)}
     by_id = {t.id: t for t in tensors}
 
@@ -247,6 +277,10 @@ def measure(capture, tensors: list, ops: list, workload, *, optimizer: str = "ad
         else:
             counted_at.setdefault(max(op.fx.nodes, key=position.__getitem__), []).append(t.id)
 
+    needed = needed_nodes(gm, set(appears) | set(counted_at), inplace)
+    values = seeded_values(capture, workload, optimizer=optimizer, amp=amp, dtype=dtype, seed=seed,
+                           optimizer_step=_reads_states(gm, capture, needed))
+
     storages: dict[str, Any] = {}
     found: dict[str, float | None] = {}
 
@@ -261,6 +295,8 @@ def measure(capture, tensors: list, ops: list, workload, *, optimizer: str = "ad
         extra_traceback = False
 
         def run_node(self, node):
+            if node.op != "placeholder" and node.name not in needed:
+                return None   # nothing counted depends on it (a weight's gradient, the optimizer step)
             if node.name in inplace:   # as the profile counts it: in place into the held gradient
                 with self._set_current_node(node):
                     args, kwargs = self.fetch_args_kwargs_from_env(node)
@@ -297,6 +333,76 @@ def measure(capture, tensors: list, ops: list, workload, *, optimizer: str = "ad
     for tid in list(storages):   # (never counted: cannot happen for a well-formed profile)
         count(tid)
     return {t.id: found.get(t.id) for t in tensors}
+
+
+def needed_nodes(gm, terminals, inplace=frozenset()) -> set[str]:
+    """The names of the graph nodes that the values of the nodes ``terminals`` depend on:
+    their inputs, transitively; every node up to the last terminal that writes in place a
+    storage one of those holds (an accumulation, an in-place ReLU; ``inplace``: nodes run
+    in place into their first argument); and every random op up to it, so that the RNG
+    stream is drawn as in the whole step. A run of these nodes alone gives the terminals
+    the values a run of every node gives them (a weight's gradient, the optimizer step,
+    are left out when nothing counted depends on them)."""
+    from tracer.torch_trace import _is_random
+
+    nodes = list(gm.graph.nodes)
+    if not terminals:
+        return set()
+    by_name = {n.name: n for n in nodes}
+    end = max(k for k, n in enumerate(nodes) if n.name in terminals)
+    writes: dict[str, set] = {}
+    stack = list(terminals)
+    for node in nodes[:end + 1]:
+        written = _written_storages(node, inplace)
+        if written:
+            writes[node.name] = written
+        if node.op == "call_function" and _is_random(node.target):
+            stack.append(node.name)
+    needed: set[str] = set()
+    held: set = set()   # storages of the needed nodes' values
+    while stack:
+        while stack:
+            name = stack.pop()
+            if name in needed:
+                continue
+            needed.add(name)
+            node = by_name[name]
+            held.update(_storages(node.meta.get("val")))
+            stack.extend(n.name for n in node.all_input_nodes)
+        stack = [name for name, written in writes.items() if name not in needed and written & held]
+    return needed
+
+
+def _storages(value) -> set:
+    """Storage identities of the (fake) tensors in a node's value."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+    return {t.untyped_storage()._cdata for t in tree_leaves(value) if isinstance(t, torch.Tensor)}
+
+
+def _written_storages(node, inplace) -> set:
+    """Storage identities of what ``node`` writes in place (its schema's ``(a!)``
+    arguments, batch norm's running statistics; its first argument for ``inplace``)."""
+    import torch
+
+    from tracer.torch_trace import _values, _written_args
+    if node.op != "call_function":
+        return set()
+    if node.name in inplace:
+        return _storages(_values(node.args[0]))
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return set()
+    args, kwargs = _values((node.args, node.kwargs))
+    return _storages(_written_args(node.target, args, kwargs))
+
+
+def _reads_states(gm, capture, needed: set[str]) -> bool:
+    """Whether a needed node reads the optimizer state (graph inputs after the parameters
+    and buffers, before the batch)."""
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    first = len(capture.params) + len(capture.buffers)
+    count = sum(len(s) for s in capture.states)
+    return any(name in needed for name in placeholders[first:first + count])
 
 
 def check_memory(tensors: list, ops: list, batch: int, seq: int | None) -> None:
@@ -362,6 +468,7 @@ def _density(storage, dtype_name: str | None) -> float | None:
     return round(int(torch.count_nonzero(flat)) / flat.numel(), DIGITS)
 
 
-__all__ = ["DIGITS", "DEFAULT_BATCH", "DEFAULT_THREADS", "measure", "check_memory", "structure_problem",
+__all__ = ["DIGITS", "DEFAULT_BATCH", "LM_BATCH", "LM_SEQ", "DEFAULT_THREADS", "step_sizes", "measure",
+           "needed_nodes", "check_memory", "structure_problem",
            "read_density_file", "load_density_file", "resolve_densities", "with_densities", "density_map",
            "write_density_file", "summary"]

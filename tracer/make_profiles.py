@@ -6,7 +6,7 @@ Three kinds ship in ``profiles/``:
 - traced (``.json.gz``): real models traced on fake tensors (needs the ``trace`` extra),
   timed on a100-40gb-pcie4, at batch sizes that put their no-swap peak at about 2x the
   40 GiB GPU, the regime where swapping matters (the CNNs and GPT-2 with tensor densities
-  measured on a real CPU step at a small batch, ``DENSITY_BATCH``); and two mixed-precision LLMs traced
+  measured on a real CPU step at a small batch, ``DENSITY_SIZES``); and two mixed-precision LLMs traced
   from the shipped transformers configs (``tracer/configs``) for offloading planners:
   Llama-2 13B in fp16 on a 32 GB V100 (ZeRO-Offload's setup) and Llama-2 70B in bf16 on
   the H200 with 1.5 TB of host memory, 16 bytes per parameter with AdamW;
@@ -45,9 +45,10 @@ TRACED = (
 )
 
 # Traced models shipped with measured densities (``trace(..., density=True)``, tracer.density):
-# the batch of the real CPU step that measures them (at full sequence length / image side).
-# GPT-2's graph at batch 1 differs from the full one (a contiguous slice copies nothing), so 2.
-DENSITY_BATCH = {"resnet50": 4, "resnet152": 4, "vgg16": 2, "gpt2": 2}
+# the batch and sequence length (None: the traced image side) of the real CPU step that
+# measures them. GPT-2's graph at batch 1 differs from the full one (a contiguous slice
+# copies nothing), so 2; at its full sequence, not --density's default 128 tokens.
+DENSITY_SIZES = {"resnet50": (4, None), "resnet152": (4, None), "vgg16": (2, None), "gpt2": (2, 1024)}
 
 # Mixed-precision LLMs (name, config in tracer/configs, batch, seq, amp, hardware): one
 # sequence of 1024 tokens per step, as ZeRO-Offload trains a 13B model on one V100 32GB.
@@ -72,8 +73,10 @@ class Recipe:
 
 def _traced(model: str, batch: int, seq: int) -> Profile:
     from tracer.torch_trace import trace
-    if model in DENSITY_BATCH:
-        return trace(model, batch=batch, seq=seq, density=True, density_batch=DENSITY_BATCH[model])
+    if model in DENSITY_SIZES:
+        density_batch, density_seq = DENSITY_SIZES[model]
+        return trace(model, batch=batch, seq=seq, density=True, density_batch=density_batch,
+                     density_seq=density_seq)
     return trace(model, batch=batch, seq=seq)
 
 

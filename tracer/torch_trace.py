@@ -1231,11 +1231,12 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
     density : measure every tensor's ``density`` (fraction of non-zero elements) on one
         real CPU step of the traced graph (:mod:`tracer.density`): the model's own
         seeded initial weights, fresh optimizer state and a seeded synthetic batch of
-        ``density_batch`` samples (default ``min(batch, 4)``) of sequence length (or image
-        side) ``density_seq`` (default ``seq``), seeded with ``density_seed``, on
-        ``density_threads`` intra-op threads (default 1: the same counts whatever the
-        machine's cores); the graph at those sizes must lower to the same tensors and
-        ops as at ``batch`` and ``seq``. ``source["density"]`` records how.
+        ``density_batch`` samples of sequence length (or image side) ``density_seq``
+        (defaults: :func:`tracer.density.step_sizes`; for a language model 2 sequences of
+        128 tokens, at most the traced ones), seeded with ``density_seed``, on
+        ``density_threads`` intra-op threads (default 2 whatever the machine: the same
+        counts on every machine with the same kernels); the graph at those sizes must
+        lower to the same tensors and ops as at ``batch`` and ``seq``. ``source["density"]`` records how.
 
     Raises
     ------
@@ -1298,17 +1299,17 @@ def _measure_density(model, hf_config, batch, seq, workload, cap, tensors, ops, 
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise InputError("<argument>", "density-seed", f"must be a whole number, got {seed!r}")
     full_b, full_s = workload.batch, workload.seq
-    small_b = min(full_b, density.DEFAULT_BATCH) if density_batch is None else density_batch
-    small_s = full_s if density_seq is None else density_seq
-    if small_b > full_b:
+    if density_batch is not None and density_batch > full_b:
         raise InputError("<argument>", "density-batch",
-                         f"{small_b} is more than the traced batch ({full_b}): give at most {full_b}")
+                         f"{density_batch} is more than the traced batch ({full_b}): give at most {full_b}")
     if density_seq is not None and full_s is None:
         raise InputError("<argument>", "density-seq",
                          f"{model} is traced without a seq: give --seq too, or no --density-seq")
-    if density_seq is not None and small_s > full_s:
+    if density_seq is not None and density_seq > full_s:
         raise InputError("<argument>", "density-seq",
-                         f"{small_s} is more than the traced seq ({full_s}): give at most {full_s}")
+                         f"{density_seq} is more than the traced seq ({full_s}): give at most {full_s}")
+    kind = "causal-lm" if hf_config is not None else getattr(models.REGISTRY.get(model), "kind", None)
+    small_b, seqs = density.step_sizes(kind, full_b, full_s, density_batch, density_seq)
 
     def build(b, s, device):
         # the model is built as for the trace, but for the sizes (a user model: None is its own)
@@ -1318,22 +1319,27 @@ def _measure_density(model, hf_config, batch, seq, workload, cap, tensors, ops, 
             return models.from_hf_config(hf_config, batch=b_arg, seq=s_arg)
         return models.build(model, batch=b_arg, seq=s_arg, device=device)
 
-    if (small_b, small_s) == (full_b, full_s):
-        small_cap = cap
-    else:
-        try:
-            small_workload = build(small_b, small_s, "meta")
-        except InputError as exc:
-            if density_batch is not None or density_seq is not None or exc.where != "batch":
-                raise InputError("<argument>", "density-batch" if exc.where == "batch" else "density-seq",
-                                 exc.problem) from None
-            small_b, small_cap = full_b, cap   # a user model without a batch argument: its own batch
+    for small_s in seqs:   # a default shorter seq whose graph differs: the next one (the traced seq)
+        if (small_b, small_s) == (full_b, full_s):
+            small_cap = cap
         else:
-            small_cap = capture(small_workload, dtype=dtype, optimizer=optimizer, gpu_kernels=gpu_kernels,
-                                amp=amp)
-    small_tensors, small_ops = lower(small_cap, hw, dtype, optimizer, runtime=True)
-    problem = density.structure_problem((tensors, ops), (small_tensors, small_ops))
-    if problem is not None:
+            try:
+                small_workload = build(small_b, small_s, "meta")
+            except InputError as exc:
+                if density_seq is None and exc.where == "seq" and small_s != seqs[-1]:
+                    continue   # the model does not take the default shorter seq
+                if density_batch is not None or density_seq is not None or exc.where != "batch":
+                    raise InputError("<argument>", "density-batch" if exc.where == "batch" else "density-seq",
+                                     exc.problem) from None
+                small_b, small_cap = full_b, cap   # a user model without a batch argument: its own batch
+            else:
+                small_cap = capture(small_workload, dtype=dtype, optimizer=optimizer, gpu_kernels=gpu_kernels,
+                                    amp=amp)
+        small_tensors, small_ops = lower(small_cap, hw, dtype, optimizer, runtime=True)
+        problem = density.structure_problem((tensors, ops), (small_tensors, small_ops))
+        if problem is None:
+            break
+    else:
         at = f"batch {small_b}" + (f", seq {small_s}" if small_s != full_s else "")
         traced = f"batch {full_b}" + (f", seq {full_s}" if small_s != full_s else "")
         raise InputError("<argument>", "density-batch" if small_s == full_s else "density-seq",
