@@ -175,3 +175,45 @@ def test_tied_blocks_share_an_offset_and_the_rest_move_freely():
     offsets, arena = place_blocks(blocks, "smartpool", {"w#1": "w", "w#3": "w"})
     assert offsets["w#1"] == offsets["w#3"] == 0 and offsets["x"] == 0 and offsets["w#2"] == 10
     assert arena == 20
+
+
+def _reference_offsets(blocks, order_key, tied):
+    """place_blocks written plainly: each unit at the lowest offset clear of every placed
+    block alive with it (a scan of all of them)."""
+    units = {}
+    for block in blocks:
+        units.setdefault(tied.get(block[0], block[0]), []).append(block)
+    placed, offsets, arena = [], {}, 0
+    for unit in sorted(units.values(), key=order_key):
+        size = max(b[1] for b in unit)
+        busy = sorted((lo, hi) for s, e, lo, hi in placed for _, _, st, en, _ in unit if s < en and st < e)
+        at = 0
+        for lo, hi in busy:
+            if lo >= at + size:
+                break
+            at = max(at, hi)
+        for key, nbytes, st, en, _ in unit:
+            offsets[key] = at
+            placed.append((st, en, at, at + nbytes))
+            arena = max(arena, at + nbytes)
+    return offsets, arena
+
+
+def test_place_blocks_matches_a_plain_scan_on_random_blocks():
+    import random
+    rng = random.Random(7)
+    for _ in range(200):
+        blocks = []
+        for i in range(rng.randint(1, 40)):
+            start = rng.randint(0, 60)
+            blocks.append((f"b{i}#{rng.randint(1, 3)}", rng.choice([1, 3, 8, 64]), start, start + rng.randint(1, 30),
+                           rng.random() < 0.15))
+        tied = {b[0]: f"t{b[0][1]}" for b in blocks if b[0][1] in "12"}
+        expected = _reference_offsets(blocks, lambda u: (min(b[2] for b in u), u[0][0]), tied)
+        assert place_blocks(blocks, "first-fit", tied) == expected
+        offsets, arena = place_blocks(blocks, "smartpool", tied)
+        for a in blocks:       # whatever the order: blocks alive together never share bytes
+            for b in blocks:
+                if a[0] < b[0] and a[2] < b[3] and b[2] < a[3] and tied.get(a[0], a[0]) != tied.get(b[0], b[0]):
+                    assert offsets[a[0]] + a[1] <= offsets[b[0]] or offsets[b[0]] + b[1] <= offsets[a[0]]
+        assert arena == max(offsets[b[0]] + b[1] for b in blocks)
