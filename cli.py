@@ -520,7 +520,8 @@ def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name
         profile = trace(model, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer, hardware=hardware_name,
                         name=name, gpu_kernels=not cpu_kernels, amp=amp, hf_config=hf_config, runtime=runtime,
                         density=density, density_batch=density_batch, density_seq=density_seq,
-                        density_seed=density_seed, density_threads=density_threads)
+                        density_seed=density_seed, density_threads=density_threads,
+                        say=lambda line: click.echo(f"  {line}", err=True))
     except ModuleNotFoundError as exc:  # transformers, for the Hugging Face models
         if (exc.name or "").split(".")[0] not in ("torch", "transformers"):
             raise

@@ -170,6 +170,7 @@ def test_the_cli_measures_and_writes_a_density_file(tmp_path, measured):
     result = run("trace", f"{ME}:relu_mlp", "--batch", "16", "--density", "--density-out", str(dens), "-o", str(out))
     assert result.exit_code == 0, result.output
     assert f"densities of {sum(t.density is not None for t in measured.tensors)} tensors" in result.output
+    assert "measuring densities: one CPU step at batch 4 on 2 threads" in result.output   # progress
     profile = load_profile(out)
     assert profile.sha256 == measured.sha256
     assert json.loads(dens.read_text()) == {t.id: t.density for t in measured.tensors if t.density is not None}

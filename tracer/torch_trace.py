@@ -1195,7 +1195,7 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
           gpu_kernels: bool = True, amp: str | None = None, hf_config=None,
           runtime: bool = False, density: bool = False, density_batch: int | None = None,
           density_seq: int | None = None, density_seed: int = 0,
-          density_threads: int | None = None) -> Profile:
+          density_threads: int | None = None, say=None) -> Profile:
     """Trace one training step of ``model`` into a Profile.
 
     Parameters
@@ -1236,7 +1236,9 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
         128 tokens, at most the traced ones), seeded with ``density_seed``, on
         ``density_threads`` intra-op threads (default 2 whatever the machine: the same
         counts on every machine with the same kernels); the graph at those sizes must
-        lower to the same tensors and ops as at ``batch`` and ``seq``. ``source["density"]`` records how.
+        lower to the same tensors and ops as at ``batch`` and ``seq``. ``source["density"]``
+        records how.
+    say : called with a line at each stage of the density measurement, or None.
 
     Raises
     ------
@@ -1269,9 +1271,11 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
         source = _source(model, workload, dtype, optimizer, hw, gpu_kernels, torch.__version__,
                          amp, label if hf_config is not None else None, runtime)
         if density:
+            if say:
+                say(f"traced: {len(ops)} ops, {len(tensors)} tensors")
             tensors, note = _measure_density(model, hf_config, batch, seq, workload, cap, tensors, ops, hw,
                                              dtype, optimizer, gpu_kernels, amp, density_batch, density_seq,
-                                             density_seed, density_threads)
+                                             density_seed, density_threads, say)
             source["density"] = note
         return Profile(name=name or _default_name(workload, dtype, optimizer, hw, gpu_kernels, amp),
                        tensors=tuple(tensors), ops=tuple(ops), source=source,
@@ -1284,7 +1288,8 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
 
 
 def _measure_density(model, hf_config, batch, seq, workload, cap, tensors, ops, hw, dtype, optimizer,
-                     gpu_kernels, amp, density_batch, density_seq, seed, threads=None) -> tuple[list, dict]:
+                     gpu_kernels, amp, density_batch, density_seq, seed, threads=None,
+                     say=None) -> tuple[list, dict]:
     """The tensors with their measured densities (:func:`trace`, :mod:`tracer.density`),
     and what ``source["density"]`` says of how they were measured."""
     import dataclasses
@@ -1360,6 +1365,9 @@ def _measure_density(model, hf_config, batch, seq, workload, cap, tensors, ops, 
         wanted = {b.id for a, b in zip(tensors, small_tensors) if a.bytes != b.bytes}
         note["unmeasured"] = "tensors whose size does not depend on the batch (and seq): weights, their " \
                              "gradients, optimizer state"
+    if say:
+        at = f"batch {small_b}" + (f", seq {small_s}" if small_s is not None else "")
+        say(f"measuring densities: one CPU step at {at} on {threads} thread{'s' if threads > 1 else ''}")
     densities = density.measure(small_cap, small_tensors, small_ops, real, optimizer=optimizer, amp=amp,
                                 dtype=dtype, seed=seed, threads=threads, wanted=wanted)
     tensors = [dataclasses.replace(t, density=densities.get(t.id)) for t in tensors]
