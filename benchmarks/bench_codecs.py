@@ -55,7 +55,7 @@ def row(profile, hardware, budget, name, params=None, label=None):
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("profiles", nargs="*", help="profiles [default: the shipped ones]")
+    parser.add_argument("profiles", nargs="*", help="profiles [default: the shipped ones with densities]")
     parser.add_argument("--hardware", default="a100-40gb-pcie4")
     args = parser.parse_args(argv)
     hardware = load_hardware(args.hardware)

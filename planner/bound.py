@@ -30,8 +30,8 @@ crosses PCIe, so it is never faster) and contention between offloads of differen
 from __future__ import annotations
 
 import bisect
-from itertools import accumulate
 from dataclasses import dataclass
+from itertools import accumulate
 
 from simulator.compiled import link_speed
 from simulator.hardware import Hardware

@@ -8,8 +8,8 @@ still held then: persistent tensors, which are placed first). A persistent tenso
 GPU at the start must end the iteration where it started (R50: the next iteration finds it
 there), so its first and last allocations are placed as one block (:func:`tied_keys`); its
 allocations in between (a weight fetched again after an eviction) may go anywhere. Blocks
-are then placed one by one, each at the lowest offset where it overlaps no placed block that is alive at the
-same time (first fit in address), in an order that is the method:
+are then placed one by one, each at the lowest offset where it overlaps no placed block
+that is alive at the same time (first fit in address), in an order that is the method:
 
 - ``smartpool``: SmartPool's offline interval colouring (Zhang et al., arXiv 1903.06631):
   cross-iteration blocks (held at the iteration's end) first, then by size, largest

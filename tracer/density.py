@@ -278,8 +278,9 @@ def measure(capture, tensors: list, ops: list, workload, *, optimizer: str = "ad
             counted_at.setdefault(max(op.fx.nodes, key=position.__getitem__), []).append(t.id)
 
     needed = needed_nodes(gm, set(appears) | set(counted_at), inplace)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = seeded_values(capture, workload, optimizer=optimizer, amp=amp, dtype=dtype, seed=seed,
-                           optimizer_step=_reads_states(gm, capture, needed))
+                           optimizer_step=_reads_states(placeholders, capture, needed))
 
     storages: dict[str, Any] = {}
     found: dict[str, float | None] = {}
@@ -317,7 +318,6 @@ def measure(capture, tensors: list, ops: list, workload, *, optimizer: str = "ad
                 raise _Counted
             return result
 
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     last_placeholder = placeholders[-1] if placeholders else None
     kernels.install()
     torch.manual_seed(seed)
@@ -374,10 +374,10 @@ def needed_nodes(gm, terminals, inplace=frozenset()) -> set[str]:
 
 
 def _storages(value) -> set:
-    """Storage identities of the (fake) tensors in a node's value."""
-    import torch
-    from torch.utils._pytree import tree_leaves
-    return {t.untyped_storage()._cdata for t in tree_leaves(value) if isinstance(t, torch.Tensor)}
+    """Storage identities of the (fake) tensors in a node's value (the tracer's own
+    identity of a tensor: one per storage)."""
+    from tracer.torch_trace import _tensors_in
+    return {t.untyped_storage()._cdata for t in _tensors_in(value, [])}
 
 
 def _written_storages(node, inplace) -> set:
@@ -396,13 +396,12 @@ def _written_storages(node, inplace) -> set:
     return _storages(_written_args(node.target, args, kwargs))
 
 
-def _reads_states(gm, capture, needed: set[str]) -> bool:
-    """Whether a needed node reads the optimizer state (graph inputs after the parameters
-    and buffers, before the batch)."""
-    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+def _reads_states(placeholders: list, capture, needed: set[str]) -> bool:
+    """Whether a needed node reads the optimizer state (the graph inputs, ``placeholders``,
+    after the parameters and buffers, before the batch)."""
     first = len(capture.params) + len(capture.buffers)
     count = sum(len(s) for s in capture.states)
-    return any(name in needed for name in placeholders[first:first + count])
+    return any(node.name in needed for node in placeholders[first:first + count])
 
 
 def check_memory(tensors: list, ops: list, batch: int, seq: int | None) -> None:
