@@ -41,6 +41,7 @@ test: $(STAMP_DEV)
 
 bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python benchmarks/fidelity.py
 
 # Regenerate the shipped profiles byte-for-byte.
 profiles: $(STAMP_CORE)

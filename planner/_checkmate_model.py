@@ -327,13 +327,15 @@ class Formulation:
                     continue
                 best = base[c]
                 row(c, int(base[c]), self._held_bytes(t, c))
-            # the recomputes before the stage's first op, each with its producer's workspace
+            # the recomputes before the stage's first op, each with its scratch (its producer's
+            # workspace and the other outputs the re-run makes, R15)
             op = profile.ops[first]
             before = int(base[first]) - op.workspace_bytes - sum(profile.tensor_by_id[x].bytes for x in op.outputs
                                                                  if x not in items)
             for i, group in enumerate(graph.nodes):
-                space = max(profile.ops[items[x].producer].workspace_bytes for x in group)
-                if (t, i) in redo and space > op.workspace_bytes:
+                space = max(profile.ops[items[x].producer].workspace_bytes + profile.rerun_extra_bytes(x)
+                            for x in group)
+                if (t, i) in redo and before + space > base[first]:   # else the op's own row is tighter
                     row(first, before + space, self._held_bytes(t, first), (t, i))
         return rows
 

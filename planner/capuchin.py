@@ -557,7 +557,8 @@ def _recompute_fits(state: _State, tid: str, c: int, chain: dict, reads: list[st
     """Approximate memory of the recompute items before op c: what is resident entering c
     (the estimate less c's outputs and workspace), plus the sources not counted there
     (recomputed chain sources, and read ones whose last use becomes this recompute),
-    plus the largest producer workspace."""
+    plus the largest scratch of one recompute (its producer's workspace and the other
+    outputs its re-run makes, R15)."""
     profile = state.profile
     op = profile.ops[c]
     entering = int(state.estimate.bytes[c]) - op.workspace_bytes - sum(state.tensors[t].bytes for t in set(op.outputs))
@@ -565,7 +566,8 @@ def _recompute_fits(state: _State, tid: str, c: int, chain: dict, reads: list[st
     transient = sum(state.tensors[x].bytes for x in redone)
     transient += sum(state.tensors[x].bytes for x in reads
                      if not any(a <= c <= b for a, b in state.intervals[x]))
-    workspace = max(profile.ops[profile.producer[x]].workspace_bytes for x in [tid, *redone])
+    workspace = max(profile.ops[profile.producer[x]].workspace_bytes + profile.rerun_extra_bytes(x)
+                    for x in [tid, *redone])
     return entering + transient + workspace <= state.budget
 
 

@@ -20,8 +20,8 @@ UVM's do (on the GPU while they fit, the rest in the file, R36).
 Departures from the paper, and why
 ----------------------------------
 1. **No readahead, no fault coalescing beyond the driver's batch.** DRAGON's page cache
-   reads ahead and its driver coalesces faults on contiguous pages; here a fault batch
-   is ``fault_batch_blocks`` blocks as in plain UVM, and the cache holds only what was
+   reads ahead and its driver coalesces faults on contiguous pages; here fault batches
+   are plain UVM's (R31: the driver's pages, batches and prefetcher), and the cache holds only what was
    written back to it (so a cold read is one SSD read per batch).
 2. **Lazy writes only at eviction.** DRAGON flushes dirty pages at dragon_sync (the
    application's choice); a training loop that never syncs mid-run is modelled: dirty
@@ -29,9 +29,11 @@ Departures from the paper, and why
 3. **Cache size from the machine.** The page cache is whatever host memory the kernel
    gives it; the hardware file's ``uvm.host_cache`` says how much (default: all of host
    memory, in which case a model that fits in host memory runs as plain UVM does after
-   the first iteration, which DRAGON's own results show for such sizes).
-4. **Driver details** as in planner.uvm (2 MiB blocks, no tree prefetcher, no caching
-   allocator).
+   the first iteration, which DRAGON's own results show for such sizes). Host memory
+   holds only the cache; the file counts on the SSD (R19, R35), so a model larger than
+   host memory runs (``a100-40gb-32gb-pcie4``: 32 GiB of host, a 24 GiB cache), where
+   plain UVM is infeasible.
+4. **Driver details** as in planner.uvm (R31's fault model, no caching allocator).
 """
 from __future__ import annotations
 

@@ -400,8 +400,9 @@ def offload_candidates(profile: Profile, layers: Layers, dropped: dict[str, int]
 def memory_estimate(profile: Profile, layers: Layers, walked: Walked, chosen: list[str],
                     budget_bytes: int) -> MemoryEstimate:
     """GPU bytes per op with each dropped tensor on the GPU only in its spans (instead of
-    its no-swap lifetime) and the chosen tensors away from their last forward touch to
-    their first need."""
+    its no-swap lifetime), the largest scratch of the recomputes before an op (its
+    producer's workspace and the other outputs the re-run makes, R15) at that op, and
+    the chosen tensors away from their last forward touch to their first need."""
     estimate = MemoryEstimate(profile, budget_bytes)
     tensors = profile.tensor_by_id
     for tid, spans in walked.spans.items():
@@ -409,6 +410,12 @@ def memory_estimate(profile: Profile, layers: Layers, walked: Walked, chosen: li
         estimate.remove(tensors[tid].bytes, start, end + 1)
         for lo, hi in spans:
             estimate.add(tensors[tid].bytes, lo, hi)
+    scratch: dict[int, int] = {}
+    for before, producer, tid in walked.recomputes:
+        need = profile.ops[producer].workspace_bytes + profile.rerun_extra_bytes(tid)
+        scratch[before] = max(scratch.get(before, 0), need)
+    for before, need in scratch.items():
+        estimate.add(max(0, need - profile.ops[before].workspace_bytes), before, before + 1)
     for tid in chosen:
         estimate.remove(tensors[tid].bytes, forward_touch(profile, tid, layers.last_forward) + 1,
                         first_need(profile, tid, layers.last_forward, walked))

@@ -11,15 +11,18 @@ ISCA 2019). The plan is ``{"memory": "uvm", "actions": []}``.
 
 Departures, and why
 -------------------
-1. **No tree prefetcher, 2 MiB granularity.** The driver faults 4 KB pages and its
-   neighbourhood prefetcher grows each fault to a 64 KB leaf and then to the rest of a
-   half-resident 2 MiB block; here a whole 2 MiB block (a tensor's last one smaller)
-   migrates on its first touch, which is what the prefetcher converges to for the dense,
-   sequential accesses of DNN kernels. ``fault_batch_blocks`` (1 by default) says how
-   many such blocks one fault batch serves.
-2. **No caching allocator.** PyTorch's allocator keeps freed blocks for reuse; here a
-   tensor's blocks are released at its last use (R7), as DeepUM's invalidation of
-   inactive blocks does, so dead data is never written back.
+1. **The driver's fault model, one access pattern.** Faults are per 4 KiB page, grown to
+   64 KiB big pages, serviced 256 to a batch, and the tree prefetcher migrates a subtree
+   of a 2 MiB block once more than 51% of it is resident or faulting (R31, the hardware
+   file's ``uvm`` section; ``fault_batch_blocks`` selects the first model's whole-block
+   batches). A kernel is assumed to touch every page of what it reads once, in address
+   order; duplicate faults from many warps on one page, and faults from kernels whose
+   accesses are sparse, are not modelled.
+2. **No caching allocator by default.** PyTorch's allocator keeps freed blocks for reuse;
+   here a tensor's blocks are released at its last use (R7), as DeepUM's invalidation of
+   inactive blocks does, so dead data is never written back. A machine whose ``uvm``
+   section says ``caching_allocator: true`` models the pool instead (R38: freed blocks
+   stay resident, are written back when evicted, and are reused by new outputs).
 3. **Any budget holding each op's outputs.** The planner's floor (planner.analysis.
    uvm_floor) is the largest op's outputs and workspace, or one fault batch: an op whose
    inputs do not fit streams through them (R32 as docs/simulation.md extends it).

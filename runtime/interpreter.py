@@ -14,7 +14,8 @@ resizes the storage to 0 bytes, which frees its memory while every view of it st
 valid; a copy in resizes it back and copies the bytes in. The GPU pool's live bytes are
 the ``nbytes`` of the storages it holds (checked against the profile's bytes when made)
 plus, while an op runs, the storages its nodes make that are no profile tensor (the
-optimizer's ``sqrt(exp_avg_sq)``, the other outputs of a recomputed multi-output op).
+optimizer's ``sqrt(exp_avg_sq)``, the other outputs of a recomputed multi-output op,
+which R15 counts as the recompute's scratch).
 
 When things happen: a CPU has no copy engines to run copies beside the kernels, so the
 emulation takes its clock from the simulator's timeline of the same plan (docs/
@@ -77,7 +78,7 @@ class StepReport:
     actions_applied: int
     temporaries_bytes: int       # most bytes of non-profile storages an op held
     seconds: float
-    recompute_extra_bytes: int = 0   # most bytes of other outputs a recompute made (not in R6)
+    recompute_extra_bytes: int = 0   # most bytes of other outputs a recompute made (R15 counts them)
     size_mismatches: list = field(default_factory=list)   # tensors whose storage differs from the profile
 
 
@@ -523,8 +524,8 @@ class PlannedInterpreter:
     def _recompute(self, tid: str, binding, where: str) -> None:
         """R15: run the producer again into the tensor's own storage (its RNG state
         replayed). A multi-output producer makes its other outputs again too: they are
-        temporaries of the recompute, counted in the pool (R6 counts only the recomputed
-        tensor: ``recompute_extra_bytes`` says by how much the simulator undercounts)."""
+        temporaries of the recompute, counted in the pool while it runs, as R15 counts them
+        (``recompute_extra_bytes``: the most such bytes one recompute held)."""
         import torch
         if len(binding.nodes) != 1 or binding.slot is not None or binding.rewrite is not None:
             raise RuntimeFailure(f"{where}: op {binding.op} runs several graph nodes and cannot be recomputed")
@@ -633,7 +634,8 @@ def _timed_events(result, rplan, profile) -> list:
         if span.track in ("compute", "cpu"):
             continue
         a = span.args
-        spans_by_key.setdefault((a["kind"], a["tensor"], a["tier"]), []).append(span)
+        for tensor in a.get("members", (a["tensor"],)):   # a group (R53): its members copy together
+            spans_by_key.setdefault((a["kind"], tensor, a["tier"]), []).append(span)
     if sum(map(len, spans_by_key.values())) != len(rplan.copies):
         raise RuntimeFailure("the simulated timeline and the plan have different copies")
     for key, copies in by_key.items():

@@ -81,6 +81,7 @@ typedef struct {
     const int32_t *in_off, *in_idx, *upd_off, *upd_idx, *out_off, *out_idx;   /* CSR per op */
     const int32_t *pair_before, *pair_after, *pair_blamed, *pair_tensor;    /* R21 */
     const int32_t *id_rank;                          /* R10: ties by id */
+    const int64_t *rerun_extra;                      /* R15: other outputs a recompute's re-run makes */
     /* machine: fastpath.pack_machine */
     int half;
     int64_t tier_capacity[2];                        /* host, SSD */
@@ -122,6 +123,7 @@ typedef struct {
     int32_t n_items, n_recomputes;
     int32_t *item_op, *item_rec, *item_group;
     i128 *item_alloc;                      /* allocs + workspace */
+    i128 *item_ws;                         /* scratch held while it runs: workspace (+ R15's other outputs) */
     int32_t *group_start, *op_item;        /* per op */
     int64_t *use_off; int32_t *use_item;   /* per tensor: items that read or update it */
     int64_t *rec_off; int32_t *rec_item;   /* per tensor: its recompute items */
@@ -159,6 +161,7 @@ static int build_sequence(const In *in, Prog *p, Arena *a) {
     p->item_rec = take(a, (size_t)n, sizeof(int32_t));
     p->item_group = take(a, (size_t)n, sizeof(int32_t));
     p->item_alloc = take(a, (size_t)n, sizeof(i128));
+    p->item_ws = take(a, (size_t)n, sizeof(i128));
     p->group_start = take(a, (size_t)no, sizeof(int32_t));
     p->op_item = take(a, (size_t)no, sizeof(int32_t));
     if (a->failed) return ST_NOMEM;
@@ -171,13 +174,15 @@ static int build_sequence(const In *in, Prog *p, Arena *a) {
             p->item_op[k] = made_by;
             p->item_rec[k] = t;
             p->item_group[k] = op;
-            p->item_alloc[k] = (i128)in->tensor_bytes[t] + in->op_ws[made_by];
+            p->item_ws[k] = (i128)in->op_ws[made_by] + in->rerun_extra[t];
+            p->item_alloc[k] = (i128)in->tensor_bytes[t] + p->item_ws[k];
         }
         p->op_item[op] = k;
         p->item_op[k] = op;
         p->item_rec[k] = -1;
         p->item_group[k] = op;
         i128 bytes = in->op_ws[op];
+        p->item_ws[k] = bytes;
         for (int32_t i = in->out_off[op]; i < in->out_off[op + 1]; i++) bytes += in->tensor_bytes[in->out_idx[i]];
         p->item_alloc[k] = bytes;
         k++;
@@ -760,7 +765,7 @@ static void item_end(Run *r) {
     r->head = k + 1;
     r->ready_at = r->last_compute_end = r->now;
     r->data_ready = 0;
-    r->used -= r->in->op_ws[p->item_op[k]];
+    r->used -= (int64_t)p->item_ws[k];   /* it fitted the budget when the item started */
     for (int64_t i = p->free_off[k]; i < p->free_off[k + 1]; i++) {
         int32_t t = p->free_t[i];
         if (r->pending_offloads[t]) r->dead_pending[t] = 1;
@@ -846,7 +851,7 @@ static void try_compute(Run *r) {   /* R6, R15 */
     }
     if (rec >= 0) mem_take(r, rec);
     else for (int32_t i = r->in->out_off[op]; i < r->in->out_off[op + 1]; i++) mem_take(r, r->in->out_idx[i]);
-    r->used += r->in->op_ws[op];
+    r->used += (int64_t)p->item_ws[k];
     note_peak(r);
     int64_t time_ps = r->in->op_ps[op];
     r->running = 1;
@@ -1122,20 +1127,21 @@ static int csr_ok(const Buf *off, const Buf *idx, int32_t n, int32_t nt, const c
     return ints_in(idx->view.buf, buf_len(idx), 0, nt, name);
 }
 
-enum { NPROFILE = 16, NPLAN = 9 };
+enum { NPROFILE = 17, NPLAN = 9 };
 
 /* Read and check the three packed tuples; 0 with an exception set on a packing bug. */
 static int read_inputs(PyObject *profile, PyObject *machine, PyObject *plan, long long budget,
                        Buf *pb, Buf *qb, In *in, Arena *a) {
     static const char *pnames[NPROFILE] = {
         "tensor_bytes", "persistent", "producer", "op_ps", "op_workspace", "in_off", "in_idx", "upd_off",
-        "upd_idx", "out_off", "out_idx", "pair_before", "pair_after", "pair_blamed", "pair_tensor", "id_rank"};
-    static const int psize[NPROFILE] = {8, 1, 4, 8, 8, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4};
+        "upd_idx", "out_off", "out_idx", "pair_before", "pair_after", "pair_blamed", "pair_tensor", "id_rank",
+        "rerun_extra"};
+    static const int psize[NPROFILE] = {8, 1, 4, 8, 8, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 8};
     static const char *qnames[NPLAN] = {"a_kind", "a_tier", "a_tensor", "a_after", "a_before", "order",
                                         "has_schedule", "init_tensor", "init_tier"};
     static const int qsize[NPLAN] = {1, 1, 4, 4, 4, 4, 0, 4, 1};
     if (PyTuple_GET_SIZE(profile) != NPROFILE || PyTuple_GET_SIZE(plan) != NPLAN) {
-        PyErr_SetString(PyExc_ValueError, "_fastsim: the profile tuple must have 16 entries and the plan 9");
+        PyErr_SetString(PyExc_ValueError, "_fastsim: the profile tuple must have 17 entries and the plan 9");
         return 0;
     }
     for (int i = 0; i < NPROFILE; i++)
@@ -1155,6 +1161,7 @@ static int read_inputs(PyObject *profile, PyObject *machine, PyObject *plan, lon
     if (!(length_is(&pb[1], nt, pnames[1]) && length_is(&pb[2], nt, pnames[2]) && length_is(&pb[4], no, pnames[4])
           && length_is(&pb[12], np, pnames[12]) && length_is(&pb[13], np, pnames[13])
           && length_is(&pb[14], np, pnames[14]) && length_is(&pb[15], nt, pnames[15])
+          && length_is(&pb[16], nt, pnames[16])
           && length_is(&qb[1], na, qnames[1]) && length_is(&qb[2], na, qnames[2])
           && length_is(&qb[3], na, qnames[3]) && length_is(&qb[4], na, qnames[4])
           && length_is(&qb[5], no, qnames[5]) && length_is(&qb[8], ni, qnames[8])))
@@ -1164,7 +1171,7 @@ static int read_inputs(PyObject *profile, PyObject *machine, PyObject *plan, lon
     in->in_off = pb[5].view.buf; in->in_idx = pb[6].view.buf; in->upd_off = pb[7].view.buf;
     in->upd_idx = pb[8].view.buf; in->out_off = pb[9].view.buf; in->out_idx = pb[10].view.buf;
     in->pair_before = pb[11].view.buf; in->pair_after = pb[12].view.buf; in->pair_blamed = pb[13].view.buf;
-    in->pair_tensor = pb[14].view.buf; in->id_rank = pb[15].view.buf;
+    in->pair_tensor = pb[14].view.buf; in->id_rank = pb[15].view.buf; in->rerun_extra = pb[16].view.buf;
     in->a_kind = qb[0].view.buf; in->a_tier = qb[1].view.buf; in->a_tensor = qb[2].view.buf;
     in->a_after = qb[3].view.buf; in->a_before = qb[4].view.buf; in->order = qb[5].view.buf;
     in->init_tensor = qb[7].view.buf; in->init_tier = qb[8].view.buf;
@@ -1181,7 +1188,7 @@ static int read_inputs(PyObject *profile, PyObject *machine, PyObject *plan, lon
           && csr_ok(&pb[9], &pb[10], in->no, in->nt, pnames[9])
           && ints_in(in->pair_before, np, 0, in->no, pnames[11]) && ints_in(in->pair_after, np, 0, in->no, pnames[12])
           && ints_in(in->pair_blamed, np, 0, in->no, pnames[13]) && ints_in(in->pair_tensor, np, 0, in->nt, pnames[14])
-          && ints_in(in->id_rank, nt, 0, in->nt, pnames[15])))
+          && ints_in(in->id_rank, nt, 0, in->nt, pnames[15]) && values_in(in->rerun_extra, nt, 0, MAX_VALUE, pnames[16])))
         return 0;
     for (Py_ssize_t t = 0; t < nt; t++)   /* a persistent tensor has no producer; any other has one */
         if (in->persistent[t] != (in->producer[t] < 0)) return bad_input("disagrees with persistent", pnames[2], t);

@@ -110,6 +110,7 @@ typedef struct {
     const int32_t *id_rank;
     /* the machine */
     int64_t block, fault_ps, batch_blocks, down, up, lat_in, lat_out, host_capacity, wb_full, in_full;
+    int64_t page, big_pages, batch_faults, threshold;  /* R31: the driver's fault model (batch_blocks 0) */
     /* UvmMemory */
     int64_t *nblocks, *tail, *resident, resident_total;
     RunRec *runs; int64_t n_runs, cap_runs;
@@ -124,7 +125,7 @@ typedef struct {
     Entry *stash; int64_t n_stash, cap_stash;
     int32_t *sorted; int64_t cap_sorted;
     Own *own; int64_t n_own, cap_own;             /* an oversubscribed item's (_decide_oversubscribed) */
-    Vec batch_end, blocks;
+    Vec batch_end, blocks, block_batch;           /* block_batch: per faulted block, its last batch */
     Dropped *dropped; int64_t cap_dropped;
     int32_t *rank;                                 /* per tensor: -1, or its place among the dropped */
     /* the iteration (_UvmRun / _Run) */
@@ -556,6 +557,50 @@ static int make_room(Uvm *u, int64_t need, int64_t now, Room *room) {
     return 1;
 }
 
+/* UvmMemory._batches with uvm.py block_train (R31): the driver's fault batches of the
+ * blocks of ranges, every page touched once in address order: the next faults of the
+ * batch being gathered grow to big pages, the tree over the block's pages is walked up
+ * from the last faulted page and the largest node past the threshold migrates. Sizes and
+ * durations in u->sizes and u->durations, each block's last batch in u->block_batch. */
+static void page_batches(Uvm *u, const Vec *ranges) {
+    int64_t page = u->page, big = u->big_pages, faults = u->batch_faults, threshold = u->threshold;
+    int64_t room = 0;
+    u->sizes.n = u->durations.n = u->block_batch.n = 0;
+    for (int64_t i = 0; i < ranges->n; i += 3) {
+        int32_t t = (int32_t)ranges->v[i];
+        for (int64_t b = ranges->v[i + 1]; b < ranges->v[i + 2]; b++) {
+            int64_t size = b == u->nblocks[t] - 1 ? u->tail[t] : u->block;
+            int64_t pages = (size + page - 1) / page, at = 0;
+            int levels = 1;
+            while (((int64_t)1 << (levels - 1)) < pages) levels++;     /* (pages - 1).bit_length() + 1 */
+            while (at < pages) {
+                int fresh = room == 0;
+                if (fresh) room = faults;
+                int64_t n = room < pages - at ? room : pages - at;
+                room -= n;
+                int64_t touched = at + n;
+                int64_t bitmap = (touched + big - 1) / big * big;
+                if (bitmap > pages) bitmap = pages;
+                int64_t last = touched - 1, end = touched;
+                for (int l = 0; l < levels; l++) {
+                    int64_t lo = (last >> l) << l, hi = lo + ((int64_t)1 << l);
+                    if (hi > pages) hi = pages;
+                    int64_t count = (hi < bitmap ? hi : bitmap) - lo;
+                    if (count > 0 && (i128)count * 100 > (i128)(hi - lo) * threshold && hi > end) end = hi;
+                }
+                int64_t upto = end * page < size ? end * page : size, from = at * page < size ? at * page : size;
+                if (fresh) push(u, &u->sizes, upto - from);
+                else u->sizes.v[u->sizes.n - 1] += upto - from;
+                at = end;
+            }
+            push(u, &u->block_batch, u->sizes.n - 1);
+        }
+    }
+    reserve(u, &u->durations, u->sizes.n);
+    for (int64_t i = 0; i < u->sizes.n; i++) u->durations.v[i] = u->fault_ps + flow_ps(u, u->sizes.v[i], u->down);
+    u->durations.n = u->sizes.n;
+}
+
 /* UvmMemory.fault_blocks (no page cache): the fault batches of the ranges (t, first, last)
  * in u->sizes and u->durations */
 static void fault_blocks(Uvm *u, const Vec *ranges) {
@@ -579,6 +624,7 @@ static void fault_blocks(Uvm *u, const Vec *ranges) {
         }
         return;
     }
+    if (g == 0) { page_batches(u, ranges); return; }
     int64_t sum = 0, in_batch = 0;    /* batches of g consecutive blocks, across ranges */
     for (int64_t i = 0; i < ranges->n; i += 3) {
         int32_t t = (int32_t)ranges->v[i];
@@ -840,7 +886,10 @@ static void oversubscribed(Uvm *u, int32_t k, int64_t alloc, const Vec *ranges, 
         int32_t t = (int32_t)ranges->v[r];
         int clean = u->read_mostly[t] && !updates(u, k, t);
         for (int64_t b = ranges->v[r + 1]; b < ranges->v[r + 2]; b++)
-            add_own(u, t, b, index++ / u->batch_blocks, clean);
+        {
+            add_own(u, t, b, u->batch_blocks ? index / u->batch_blocks : u->block_batch.v[index], clean);
+            index++;
+        }
     }
     int64_t base = max64(now, u->d2h_free);
     if (u->writes.n) writeback_ends(u, base); else u->ends.n = 0;
@@ -1342,7 +1391,7 @@ static int group(Arena *a, int32_t n, const Buf *keys, const Buf *vals, int64_t 
     return 1;
 }
 
-enum { NSEQ = 13, NPROG = 13, NTENSOR = 3, NMACHINE = 8 };
+enum { NSEQ = 13, NPROG = 13, NTENSOR = 3, NMACHINE = 12 };
 
 static int read_inputs(PyObject *seq, PyObject *prog, PyObject *tensors, PyObject *machine, long long budget,
                        Buf *sb, Buf *pb, Buf *tb, Uvm *u, Arena *a) {
@@ -1358,7 +1407,7 @@ static int read_inputs(PyObject *seq, PyObject *prog, PyObject *tensors, PyObjec
     if (PyTuple_GET_SIZE(seq) != NSEQ || PyTuple_GET_SIZE(prog) != NPROG || PyTuple_GET_SIZE(tensors) != NTENSOR
         || PyTuple_GET_SIZE(machine) != NMACHINE) {
         PyErr_SetString(PyExc_ValueError, "_fastuvm: the sequence and program tuples must have 13 entries, "
-                                          "the tensors 3 and the machine 8");
+                                          "the tensors 3 and the machine 12");
         return 0;
     }
     for (int i = 0; i < NSEQ; i++) if (!get_buf(PyTuple_GET_ITEM(seq, i), &sb[i], ssize[i], snames[i])) return 0;
@@ -1389,6 +1438,7 @@ static int read_inputs(PyObject *seq, PyObject *prog, PyObject *tensors, PyObjec
     u->nbytes = tb[0].view.buf; u->persistent = tb[1].view.buf; u->id_rank = tb[2].view.buf;
     u->block = m[0]; u->fault_ps = m[1]; u->batch_blocks = m[2]; u->down = m[3]; u->up = m[4];
     u->lat_in = m[5]; u->lat_out = m[6]; u->host_capacity = m[7];
+    u->page = m[8]; u->big_pages = m[9]; u->batch_faults = m[10]; u->threshold = m[11];
     u->budget = budget;
     if (!(values_in(u->time_ps, n, TIME_LIMIT, snames[0]) && values_in(u->workspace, n, TIME_LIMIT, snames[1])
           && values_in(u->alloc, n, TIME_LIMIT, snames[2]) && values_in(u->nbytes, nt, TIME_LIMIT, tnames[0])
@@ -1405,7 +1455,8 @@ static int read_inputs(PyObject *seq, PyObject *prog, PyObject *tensors, PyObjec
           && ints_in(pb[9].view.buf, buf_len(&pb[9]), -(int64_t)nt, nx, pnames[9])
           && ints_in(u->start_code, u->n_start, -(int64_t)nt, nx, pnames[10])))
         return 0;
-    if (u->block < 1 || u->batch_blocks < 1 || u->down < 1 || u->up < 1 || u->fault_ps < 0 || u->fault_ps > TIME_LIMIT
+    if (u->block < 1 || u->batch_blocks < 0 || u->page < 1 || u->page > u->block || u->block / u->page > 1000000
+        || u->big_pages < 1 || u->batch_faults < 1 || u->threshold < 0 || u->threshold > 100 || u->down < 1 || u->up < 1 || u->fault_ps < 0 || u->fault_ps > TIME_LIMIT
         || u->lat_in < 0 || u->lat_in > TIME_LIMIT || u->lat_out < 0 || u->lat_out > TIME_LIMIT || budget < 0
         || budget > TIME_LIMIT * 2)
         return bad("machine or budget");
@@ -1489,7 +1540,7 @@ static PyObject *build_result(int status, Uvm *u) {
 
 static void free_growable(Uvm *u) {
     Vec *vecs[] = {&u->ranges, &u->pranges, &u->writes, &u->wb_dur, &u->sizes, &u->durations, &u->ends, &u->covered,
-                   &u->batch_end, &u->blocks};
+                   &u->batch_end, &u->blocks, &u->block_batch};
     for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]); i++) free(vecs[i]->v);
     free(u->runs); free(u->heap); free(u->credits); free(u->stash); free(u->sorted); free(u->own); free(u->dropped);
     free(u->slot[0].runs); free(u->slot[1].runs);
@@ -1538,7 +1589,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastuvm",
 
 PyMODINIT_FUNC PyInit__fastuvm(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 1) < 0) {
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 2) < 0) {
         Py_DECREF(m);
         return NULL;
     }

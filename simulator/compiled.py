@@ -63,10 +63,15 @@ class UvmMachine:
     (bytes; None without SSD backing), and the SSD's latency in ps for a cache miss."""
     block: int
     fault_latency_ps: int
-    batch_blocks: int
+    batch_blocks: int          # the legacy model's blocks per batch (page = block), else 0 (R31)
     backing: str
     host_cache: int | None
     ssd_latency_ps: int
+    page: int = 0              # R30, R31: the fault unit, the big page (bytes), faults per batch,
+    big_page: int = 0          # and the prefetcher's threshold (percent)
+    batch_faults: int = 1
+    threshold: int = 100
+    caching: bool = False      # R38: a caching allocator's pool over managed memory
 
 
 @lru_cache(maxsize=64)
@@ -93,9 +98,11 @@ def compile_machine(hardware: Hardware) -> Machine:
         routes[("store", "ssd")] = Route(SSD_WRITE, (SSD_WRITE_LINK,), ssd_latency, False)
     host_bytes, ssd_bytes = hardware.host.memory_bytes, ssd.capacity_bytes if ssd else 0
     uvm = hardware.uvm
-    uvm_machine = UvmMachine(uvm.block_bytes, us_to_ps(uvm.fault_latency_us), uvm.fault_batch_blocks, uvm.backing,
+    uvm_machine = UvmMachine(uvm.block_bytes, us_to_ps(uvm.fault_latency_us),
+                             uvm.legacy_batch_blocks if uvm.legacy_batch_blocks is not None else 0, uvm.backing,
                              uvm.host_cache_bytes,
-                             us_to_ps(ssd.latency_us) if ssd else 0)
+                             us_to_ps(ssd.latency_us) if ssd else 0, uvm.page_bytes, uvm.big_page_bytes,
+                             uvm.fault_batch_faults, uvm.prefetch_threshold, uvm.caching_allocator)
     return Machine(name=hardware.name, gpu_bytes=hardware.gpu.memory_bytes, link_capacity=tuple(capacity),
                    routes=routes, half_duplex=half, has_ssd=ssd is not None, host_bytes=host_bytes,
                    ssd_bytes=ssd_bytes, packed=_pack_machine(half, host_bytes, ssd_bytes, tuple(capacity), routes),
@@ -192,7 +199,23 @@ def _arrays(profile: Profile, op_ps, index: dict, pairs) -> tuple:
         *_csr([[index[t] for t in dict.fromkeys(op.outputs)] for op in ops]),
         *(array("i", column) for column in (zip(*pairs) if pairs else ((), (), (), ()))),
         array("i", _ranks([t.id for t in profile.tensors])),
+        _rerun_extra(profile, index),
     )
+
+
+def _rerun_extra(profile: Profile, index: dict) -> array:
+    """Per tensor, the bytes of the other outputs a recompute's re-run makes (R15), capped
+    at 2^62 (a budget is below 2^53, so the cap changes no answer)."""
+    extra = array("q", bytes(8 * len(profile.tensors)))
+    sizes = profile.tensor_by_id
+    for op in profile.ops:
+        if len(op.outputs) < 2 and op.rerun_outputs is None:
+            continue
+        remade = dict.fromkeys(op.remade())
+        total = sum(sizes[t].bytes for t in remade)
+        for t in op.outputs:
+            extra[index[t]] = min(total - (sizes[t].bytes if t in remade else 0), 1 << 62)
+    return extra
 
 
 def _ranks(ids: list[str]) -> list[int]:

@@ -675,7 +675,10 @@ class _UvmRun(_Run):
                  names, memory: UvmMemory | None):
         super().__init__(compiled, program, machine, budget, record, names)
         if memory is None:
-            memory = UvmMemory(compiled, machine, budget, program.read_mostly, machine.host_bytes, program.backing)
+            # R19, R35: the backing tier is host memory, or with SSD backing the file on the SSD (host memory
+            # then holds only the page cache, which fits in it)
+            capacity = machine.ssd_bytes if program.backing == "ssd" else machine.host_bytes
+            memory = UvmMemory(compiled, machine, budget, program.read_mostly, capacity, program.backing)
         self.mem = memory
         memory.samples = [(0, memory.ledger)] if record else None
         self.touch = _touches(self.seq, compiled)
@@ -729,10 +732,11 @@ class _UvmRun(_Run):
             mem.host_add(nbytes - placed + (placed if rm else 0))
 
     def _check_host(self) -> None:
-        """R19, R37: the backing tier's capacity."""
+        """R19, R35, R37: the backing tier's capacity (host memory, or the SSD with SSD backing)."""
         mem = self.mem
         if mem.host > mem.host_capacity:
-            raise _Infeasible(Blocked("R19", "capacity", -1, None, mem.host, mem.host_capacity, [], "host",
+            raise _Infeasible(Blocked("R19", "capacity", -1, None, mem.host, mem.host_capacity, [],
+                                      "host" if mem.cache is None else "ssd",
                                       self.seq.group[self.head] if self.head < len(self.seq) else None))
 
     # ------------------------------------------------------------------ compute
@@ -782,6 +786,13 @@ class _UvmRun(_Run):
                 pins[t] += 1
                 pinned.add(t)
             self.head_pinned = True
+            self.pool_alloc, self.pool_fault = self.seq.alloc_bytes[k], 0
+            if mem.caching and touch.outputs:      # R38: the outputs take the pool first, once
+                out = sum(mem.nbytes[t] for t in touch.outputs)
+                taken, held = mem.reuse(out)
+                mem.commit(held - taken, now)
+                self.pool_fault = mem.reuse_backing(out - held)
+                self.pool_alloc -= held + self.pool_fault
         ranges = []
         fault_bytes = 0
         resident, nbytes = mem.resident, mem.nbytes
@@ -790,7 +801,10 @@ class _UvmRun(_Run):
                 for first, last in mem.missing(t):
                     ranges.append((t, first, last))
                     fault_bytes += mem.range_bytes(t, first, last)
-        alloc = self.seq.alloc_bytes[k]
+        alloc = self.pool_alloc
+        if self.pool_fault:          # R38: reused pool memory in the backing tier faults in, after the reads
+            ranges.append((mem.pool_index, 0, mem.nblocks[mem.pool_index]))
+            fault_bytes += self.pool_fault
         if not ranges and alloc <= mem.budget - mem.ledger:    # the common case: nothing to fault or evict
             mem.commit(alloc, now)
             if touch.outputs:
@@ -828,6 +842,8 @@ class _UvmRun(_Run):
             mem.add_outputs(touch.outputs, stamp)
         moved_off_host = 0
         for t, first, last in ranges:
+            if t == mem.pool_index:      # R38: the pool's memory, now the outputs' (host counted at reuse)
+                continue
             moved = mem.add_run(t, first, last, stamp, bool(read_mostly[t]))
             if not read_mostly[t]:
                 moved_off_host += moved
@@ -859,11 +875,11 @@ class _UvmRun(_Run):
         for t in touch.updates:
             mem.dirty(t)
         updated = set(touch.updates)
-        batch_of: dict[tuple[int, int], int] = {}
+        batch_of: dict[tuple[int, int], int] = {}    # the batch that completes each faulted block (R31)
         g, i = mem.batch_blocks, 0
         for t, first, last in ranges:
             for b in range(first, last):
-                batch_of[(t, b)] = i // g
+                batch_of[(t, b)] = i // g if g else mem.block_batch[i]
                 i += 1
         # the item's own blocks it may evict: those on the GPU before it (they arrived
         # earlier), then those it faults, each in the order it touches them:
@@ -946,6 +962,8 @@ class _UvmRun(_Run):
             mem.add_outputs(touch.outputs, stamp)
         moved_off_host = 0
         for t, first, last in ranges:
+            if t == mem.pool_index:      # R38: the pool's memory, now the outputs'
+                continue
             moved = mem.add_run(t, first, last, stamp, bool(mem.read_mostly[t]) and t not in updated)
             if not mem.read_mostly[t]:
                 moved_off_host += moved

@@ -8,8 +8,9 @@ here exactly as ``_UvmRun._fill`` builds it, times converted with ``ps_to_us``.
 
 The C code covers full-duplex PCIe with host backing. ``simulate`` returns None where it
 does not apply, and the caller runs the Python reference: SSD backing with its page cache
-(R35), half-duplex PCIe, and a run whose times would pass 2^61 ps or whose byte counts
-could pass 2^61 (codecs need no case: compile_uvm finds them invalid in UVM mode).
+(R35), half-duplex PCIe, a caching allocator's pool (R38), and a run whose times would
+pass 2^61 ps or whose byte counts could pass 2^61 (codecs need no case: compile_uvm
+finds them invalid in UVM mode).
 ``counts`` says how often each way was taken.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ except ImportError:  # no C compiler at install time: the reference runs every U
     _fastuvm = None
 
 OK, INFEASIBLE, OVERFLOW, UNSUPPORTED = 0, 2, 3, 4
-ABI = 1            # the argument and result layout below; _fastuvm.ABI must match
+ABI = 2            # the argument and result layout below; _fastuvm.ABI must match
 _LIMIT = 2**61     # bytes the C run may count (its sums stay in 64 bits)
 _STUCK, _ALONE, _CAPACITY = range(3)              # what an infeasible run found blocked
 _AFTER = ("offload", "prefetch", "wait")        # a stuck run's first waiting transfer, or none
@@ -48,7 +49,7 @@ def simulate(profile: Profile, compiled: CompiledProfile, machine: Machine, plan
     """The full Result of a UVM plan (no timeline) from C, or None where the C run does
     not apply (the caller then runs the reference). An invalid plan's result comes from
     the Python compile, as the reference's does. Assumes ``check_plan`` passed."""
-    if machine.half_duplex or (plan.uvm_backing or machine.uvm.backing) != "host":
+    if machine.half_duplex or (plan.uvm_backing or machine.uvm.backing) != "host" or machine.uvm.caching:
         counts["reference"] += 1
         return None
     try:
@@ -73,13 +74,15 @@ def pack(compiled: CompiledProfile, program: Program, machine: Machine) -> tuple
     """The arguments of ``_fastuvm.run`` but the budget: the sequence's arrays (kept on
     it), the program's, the tensors' and the machine's; None where C does not apply."""
     arrays, bound = _sequence(program.seq, compiled)
-    if (machine.half_duplex or program.backing != "host"
+    if (machine.half_duplex or program.backing != "host" or machine.uvm.caching
             or bound * (len(program.seq) + len(program.transfers) + 4) >= _LIMIT):
         return None
     uvm = machine.uvm
     packed_machine = (uvm.block, uvm.fault_latency_ps, uvm.batch_blocks, machine.link_capacity[PCIE_DOWN],
                       machine.link_capacity[PCIE_UP], machine.route("prefetch", "host").latency_ps,
-                      machine.route("offload", "host").latency_ps, machine.host_bytes)
+                      machine.route("offload", "host").latency_ps, machine.host_bytes,
+                      uvm.page if uvm.page else uvm.block, max(1, uvm.big_page // uvm.page) if uvm.page else 1,
+                      uvm.batch_faults if uvm.page else max(1, uvm.batch_blocks), uvm.threshold if uvm.page else 100)
     tensors = (compiled.arrays[0], compiled.arrays[1], compiled.arrays[15])
     return arrays, _program(program, compiled), tensors, packed_machine
 

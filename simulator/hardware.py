@@ -72,18 +72,76 @@ class Cpu:
 
 @dataclass(frozen=True)
 class Uvm:
-    """How CUDA managed memory behaves, for plans in UVM mode (R30-R37): the migration
-    unit, the cost of a fault batch, how many blocks a batch serves, the tier behind
-    managed memory and, with an SSD behind it, the host page cache (R35). The defaults
-    are SIMULATION-v3's: an optional section in hardware files."""
+    """How CUDA managed memory behaves, for plans in UVM mode (R30-R37): the driver's
+    fault model and the tier behind managed memory. Defaults model the nvidia-uvm driver
+    (open-gpu-kernel-modules, kernel-open/nvidia-uvm) on an x86 host:
+
+    - ``block_bytes`` 2 MiB: a VA block (uvm_va_block.c, UVM_VA_BLOCK_SIZE), the unit the
+      prefetcher works in and the size of the root chunk the driver evicts
+      (uvm_pmm_gpu.c, UVM_CHUNK_SIZE_MAX: eviction picks whole root chunks from an LRU list).
+    - ``page_bytes`` 4 KiB: the CPU page size of an x86 host, the granularity at which the
+      GPU reports faults and at which the driver tracks residency (PAGE_SIZE).
+    - ``big_page_bytes`` 64 KiB: the GPU's big page; the prefetcher grows every faulted
+      page to its big page (uvm_perf_prefetch.c, grow_fault_granularity: "Assume big
+      pages by default"; UVM_PAGE_SIZE_64K).
+    - ``fault_batch_faults`` 256: faults fetched from the GPU fault buffer and serviced
+      as one batch (uvm_gpu_replayable_faults.c, module parameter
+      uvm_perf_fault_batch_count, default UVM_PERF_FAULT_BATCH_COUNT_DEFAULT 256). G10's
+      simulator uses 50 (its PCIe_batch_size_page), a model parameter, not the driver's.
+    - ``prefetch_threshold`` 51 (percent): the tree prefetcher migrates a subtree of a VA
+      block once more than this share of its pages is resident or faulting
+      (uvm_perf_prefetch.c, UVM_PREFETCH_THRESHOLD_DEFAULT 51, the test
+      ``counter * 100 > subregion_pages * threshold``); 100 disables prefetching.
+    - ``fault_latency_us`` 45: the cost of servicing one batch before its transfer
+      (UVMSmart's default of 66,645 cycles at 1.48 GHz; G10's artifact, system_latency_us 45).
+
+    ``legacy_batch_blocks`` is set when a file gives ``fault_batch_blocks`` (the first
+    UVM model's knob, still read): then a page and a big page are one block, and a batch
+    serves that many blocks, which is exactly the first model (docs/simulation.md R31).
+
+    ``caching_allocator`` (default False): tensors live in a caching allocator's pool of
+    managed memory (PyTorch over cudaMallocManaged), so freed blocks stay allocated,
+    resident and dirty, and new outputs reuse them (R38). False keeps R30's release at
+    the last use, which is what DeepUM's invalidation and a UVM-aware allocator do."""
     block_bytes: int = 2 * 1024 * 1024
     fault_latency_us: float = 45.0
-    fault_batch_blocks: int = 1
+    legacy_batch_blocks: int | None = None
     backing: str = "host"
     host_cache_bytes: int | None = None
+    page_bytes: int = 4096
+    big_page_bytes: int = 65536
+    fault_batch_faults: int = 256
+    prefetch_threshold: int = 51
+    caching_allocator: bool = False
+
+    @property
+    def fault_batch_blocks(self) -> int:
+        """The most blocks one fault batch can move (R31): the legacy knob's value, else
+        the blocks its ``fault_batch_faults`` pages can reach plus one (the prefetcher can
+        complete the block a batch ends in)."""
+        if self.legacy_batch_blocks is not None:
+            return self.legacy_batch_blocks
+        return -(-self.fault_batch_faults * self.page_bytes // self.block_bytes) + 1
+
+    def to_file_dict(self) -> dict:
+        """The section as a hardware file writes it."""
+        out = {"block": self.block_bytes, "fault_latency_us": self.fault_latency_us, "backing": self.backing,
+               "host_cache": self.host_cache_bytes}
+        if self.legacy_batch_blocks is not None:
+            out["fault_batch_blocks"] = self.legacy_batch_blocks
+        else:
+            out.update(page=self.page_bytes, big_page=self.big_page_bytes, fault_batch_faults=self.fault_batch_faults,
+                       prefetch_threshold=self.prefetch_threshold)
+        if self.caching_allocator:
+            out["caching_allocator"] = True
+        return out
 
 
-DEFAULT_UVM = Uvm()
+DRIVER_UVM = Uvm()   # a ``uvm`` section's defaults: the driver's fault model
+# No ``uvm`` section at all: the first model (R31 with fault_batch_blocks 1: a fault
+# brings its whole block, one block per batch), so files written for it keep their numbers.
+DEFAULT_UVM = Uvm(legacy_batch_blocks=1, page_bytes=DRIVER_UVM.block_bytes, big_page_bytes=DRIVER_UVM.block_bytes,
+                  fault_batch_faults=1, prefetch_threshold=100)
 
 
 @dataclass(frozen=True)
@@ -132,6 +190,8 @@ class Hardware:
             data.pop("cpu")
         if self.uvm == DEFAULT_UVM:
             data.pop("uvm")
+        else:
+            data["uvm"] = self.uvm.to_file_dict()
         data.pop("codecs")
         if self.codecs:
             data["codecs"] = {c.name: {k: v for k, v in asdict(c).items() if k != "name" and v is not None}
@@ -198,7 +258,7 @@ def hardware_from_dict(data, file: str = "<hardware>") -> Hardware:
                   launch_us=cpu_r.number("launch_us", default=0.0))
     uvm = DEFAULT_UVM
     if top.get("uvm", None) is not None:
-        uvm = _uvm_from(top.mapping("uvm"), file, ssd is not None)
+        uvm = _uvm_from(top.mapping("uvm"), file, ssd is not None, host.memory_bytes)
     codecs = _codecs_from(top.mapping("codecs")) if top.get("codecs", None) is not None else ()
     hardware = Hardware(name=name, gpu=gpu, pcie=pcie, host=host, ssd=ssd, source=file, cpu=cpu, uvm=uvm,
                         codecs=codecs)
@@ -232,15 +292,49 @@ def _codecs_from(codecs_r: Reader) -> tuple[Codec, ...]:
     return tuple(out)
 
 
-def _uvm_from(uvm_r: Reader, file: str, has_ssd: bool) -> Uvm:
-    """The ``uvm`` section (R30, R35): every field optional, defaults as in Uvm."""
-    uvm_r.reject_unknown({"block", "fault_latency_us", "fault_batch_blocks", "backing", "host_cache"})
+def _uvm_from(uvm_r: Reader, file: str, has_ssd: bool, host_bytes: int) -> Uvm:
+    """The ``uvm`` section (R30-R35): every field optional, defaults as in Uvm.
+    ``fault_batch_blocks`` (the first model's knob) selects the legacy model: a page and a
+    big page are one block, a batch serves that many blocks; it cannot be combined with
+    ``page``, ``big_page``, ``fault_batch_faults`` or ``prefetch_threshold``."""
+    uvm_r.reject_unknown({"block", "fault_latency_us", "fault_batch_blocks", "backing", "host_cache", "page",
+                          "big_page", "fault_batch_faults", "prefetch_threshold", "caching_allocator"})
     block = parse_size(uvm_r.get("block", DEFAULT_UVM.block_bytes), uvm_r.path("block"), file)
     if block <= 0:
         raise uvm_r.error("block", "must be > 0")
-    batch = uvm_r.get("fault_batch_blocks", DEFAULT_UVM.fault_batch_blocks)
-    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1_000_000:
-        raise uvm_r.error("fault_batch_blocks", f"expected an integer from 1 to 10^6, got {batch!r}")
+
+    def integer(key: str, default: int, lo: int, hi: int) -> int:
+        value = uvm_r.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise uvm_r.error(key, f"expected an integer from {lo} to {hi}, got {value!r}")
+        return value
+
+    legacy = None
+    page, big = DRIVER_UVM.page_bytes, DRIVER_UVM.big_page_bytes
+    faults, threshold = DRIVER_UVM.fault_batch_faults, DRIVER_UVM.prefetch_threshold
+    if uvm_r.get("fault_batch_blocks", None) is not None:
+        legacy = integer("fault_batch_blocks", 1, 1, 1_000_000)
+        for key in ("page", "big_page", "fault_batch_faults", "prefetch_threshold"):
+            if uvm_r.get(key, None) is not None:
+                raise uvm_r.error(key, "cannot be combined with fault_batch_blocks (the first UVM model: a batch "
+                                       "of whole blocks); use fault_batch_faults")
+        page = big = block
+        faults, threshold = legacy, 100
+    else:
+        page = parse_size(uvm_r.get("page", page), uvm_r.path("page"), file)
+        big = parse_size(uvm_r.get("big_page", big), uvm_r.path("big_page"), file)
+        if page <= 0 or page > block:
+            raise uvm_r.error("page", f"must be > 0 and at most the block ({block} bytes)")
+        if big < page or big > block or big % page:
+            raise uvm_r.error("big_page", f"must be a multiple of the page ({page} bytes) and at most the block "
+                                          f"({block} bytes)")
+        if block % page or -(-block // page) > 1_000_000:
+            raise uvm_r.error("block", f"must be a multiple of the page ({page} bytes), at most 10^6 pages")
+        faults = integer("fault_batch_faults", faults, 1, 1_000_000)
+        threshold = integer("prefetch_threshold", threshold, 0, 100)
+    caching = uvm_r.get("caching_allocator", False)
+    if not isinstance(caching, bool):
+        raise uvm_r.error("caching_allocator", f"expected true or false, got {caching!r}")
     backing = uvm_r.string("backing", default=DEFAULT_UVM.backing, choices=UVM_BACKINGS)
     if backing == "ssd" and not has_ssd:
         raise uvm_r.error("backing", "ssd backing needs an ssd section")
@@ -248,9 +342,14 @@ def _uvm_from(uvm_r: Reader, file: str, has_ssd: bool) -> Uvm:
     cache_bytes = None if cache is None else parse_size(cache, uvm_r.path("host_cache"), file)
     if backing == "ssd" and cache_bytes is None:
         raise uvm_r.error("host_cache", "ssd backing needs the size of the host page cache (R35; 0 for none)")
+    if cache_bytes is not None and cache_bytes > host_bytes:
+        raise uvm_r.error("host_cache", f"the page cache ({cache_bytes} bytes) must fit in host memory "
+                                        f"({host_bytes} bytes, R35)")
     return Uvm(block_bytes=block, fault_latency_us=uvm_r.number("fault_latency_us",
                                                                  default=DEFAULT_UVM.fault_latency_us),
-               fault_batch_blocks=batch, backing=backing, host_cache_bytes=cache_bytes)
+               legacy_batch_blocks=legacy, backing=backing, host_cache_bytes=cache_bytes, page_bytes=page,
+               big_page_bytes=big, fault_batch_faults=faults, prefetch_threshold=threshold,
+               caching_allocator=caching)
 
 
 def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:

@@ -43,6 +43,7 @@ _TOP_FIELDS = {"format", "name", "source", "tensors", "ops"}
 _FX_FIELD = "fx"
 _DENSITY_FIELD = "density"
 _VARIANTS_FIELD = "variants"
+_RERUN_FIELD = "rerun_outputs"
 FX_REWRITES = ("inplace_accumulate", "foreach_split")
 INPUT_ROLES = ("parameter", "buffer", "optimizer_state", "batch", "target")
 
@@ -148,6 +149,12 @@ class Op:
     module: str | None = None
     fx: OpNode | None = None
     variants: tuple[Variant, ...] = ()       # other algorithms a plan may choose (R52)
+    rerun_outputs: tuple[str, ...] | None = None   # what a re-run makes (R15); None: every output
+
+    def remade(self) -> tuple[str, ...]:
+        """The outputs a re-run of the op makes (R15): ``rerun_outputs``, else every output
+        (a kernel writes all of its outputs whichever one is wanted)."""
+        return self.outputs if self.rerun_outputs is None else self.rerun_outputs
 
     def variant(self, name: str) -> Variant | None:
         for variant in self.variants:
@@ -169,6 +176,8 @@ class Op:
             data["module"] = self.module
         if self.variants:
             data["variants"] = [v.to_dict() for v in self.variants]
+        if self.rerun_outputs is not None:
+            data["rerun_outputs"] = list(self.rerun_outputs)
         if self.fx is not None:
             data["fx"] = self.fx.to_dict()
         return data
@@ -235,6 +244,15 @@ class Profile:
     def sha256(self) -> str:
         """Hex sha256 of the canonical JSON (``profile_sha256``), computed on first use."""
         return hashlib.sha256(canonical_json(self).encode("utf-8")).hexdigest()
+
+    def rerun_extra_bytes(self, tensor_id: str) -> int:
+        """R15: the bytes of the other outputs a recompute of ``tensor_id`` makes beside it
+        (its producer's ``remade()`` outputs but itself): scratch held while it runs."""
+        made_by = self.producer.get(tensor_id)
+        if made_by is None:
+            return 0
+        tensors = self.tensor_by_id
+        return sum(tensors[t].bytes for t in dict.fromkeys(self.ops[made_by].remade()) if t != tensor_id)
 
     def lifetime(self, tensor_id: str) -> tuple[int, int]:
         """First and last op position at which the tensor is resident without swapping.
@@ -727,22 +745,38 @@ def _op_from_dict(item, file: str, i: int) -> Op:
     r = Reader(item, file, f"ops[{i}]")
     oid = r.string("id")
     r.where = f"ops[{i}] ({oid})"
-    r.reject_unknown(_OP_FIELDS | {_FX_FIELD, _VARIANTS_FIELD})
+    r.reject_unknown(_OP_FIELDS | {_FX_FIELD, _VARIANTS_FIELD, _RERUN_FIELD})
     flops = r.get("flops", None)
+    outputs = tuple(r.string_list("outputs", default=[]))
     return Op(
         id=oid,
         name=r.string("name"),
         phase=r.string("phase", choices=PHASES),
         time_us=r.number("time_us"),
         inputs=tuple(r.string_list("inputs", default=[])),
-        outputs=tuple(r.string_list("outputs", default=[])),
+        outputs=outputs,
         updates=tuple(r.string_list("updates", default=[])),
         workspace_bytes=r.integer("workspace_bytes", default=0),
         flops=None if flops is None else r.number("flops"),
         module=r.string("module", default=None),
         fx=_op_node(r),
         variants=_variants(r),
+        rerun_outputs=_rerun_outputs(r, outputs),
     )
+
+
+def _rerun_outputs(r: Reader, outputs: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The optional ``rerun_outputs`` of an op (R15): the outputs a re-run makes, each an
+    output of the op, listed once (absent: every output)."""
+    if _RERUN_FIELD not in r.data:
+        return None
+    remade = r.string_list(_RERUN_FIELD)
+    for i, tid in enumerate(remade):
+        if tid not in outputs:
+            raise r.error(f"{_RERUN_FIELD}[{i}]", f"{tid!r} is not an output of the op")
+        if tid in remade[:i]:
+            raise r.error(f"{_RERUN_FIELD}[{i}]", f"{tid!r} is listed twice")
+    return tuple(remade)
 
 
 def _variants(r: Reader) -> tuple[Variant, ...]:

@@ -37,7 +37,8 @@ class Sequence:
     group: list[str]
     allocs: list[tuple[str, ...]]        # tensors allocated at start
     alloc_bytes: list[int]               # allocs + workspace
-    workspace: list[int]
+    workspace: list[int]                 # scratch held while the item runs: the op's workspace, and for a
+                                         # recompute the other outputs its re-run makes (R15)
     time_ps: list[int]
     frees: list[tuple[str, ...]]         # non-persistent tensors whose last use it is (R7, R8)
     uses: dict[str, list[int]]           # tensor -> items that read or update it
@@ -64,7 +65,8 @@ def build_sequence(profile: Profile, op_ps, order: list[str], recomputes: dict[s
                    encodes: dict[str, list[CodecItem]] | None = None,
                    workspace: dict[int, int] | None = None) -> Sequence:
     """R5 and R8: for each op of ``order``, its decodes (R41, R42), its recomputes (tensor
-    ids, plan order), then the op and its encodes. Every recomputed tensor must have a
+    ids, plan order; each holds its producer's workspace and the other outputs the re-run
+    makes, R15), then the op and its encodes. Every recomputed tensor must have a
     producer (checked by the caller). Codec items are not uses (R8): their tensor's
     last use stays that of the ops. ``op_ps`` and ``workspace`` (op position -> bytes)
     give the variants a plan chose (R52)."""
@@ -80,8 +82,8 @@ def build_sequence(profile: Profile, op_ps, order: list[str], recomputes: dict[s
             producer = profile.producer[tid]
             op = profile.ops[producer]
             seq.recompute_items.setdefault(tid, []).append(len(seq.op_index))
-            _append(seq, producer, tid, op_id, (tid,), workspace.get(producer, op.workspace_bytes), tensors[tid].bytes,
-                    op_ps[producer])
+            scratch = workspace.get(producer, op.workspace_bytes) + profile.rerun_extra_bytes(tid)
+            _append(seq, producer, tid, op_id, (tid,), scratch, tensors[tid].bytes, op_ps[producer])
             for read in dict.fromkeys(op.inputs):
                 seq.uses.setdefault(read, []).append(len(seq.op_index) - 1)
         op = profile.ops[index]

@@ -1,4 +1,4 @@
-"""Unified memory (R30-R37 of docs/simulation.md): plans with ``"memory": "uvm"``.
+"""Unified memory (R30-R38 of docs/simulation.md): plans with ``"memory": "uvm"``.
 
 In UVM mode the GPU is a cache of managed memory, as with cudaMallocManaged: a tensor
 that is not on the GPU when an item needs it faults in, a full GPU evicts, and the
@@ -11,7 +11,8 @@ capacities); this module holds the two parts that differ from the explicit mode:
 - ``UvmMemory``: the memory policy: tensors cut into blocks, residency as runs of
   blocks that arrived together (each with its arrival stamp), eviction by arrival
   order skipping pinned tensors, the committed-byte ledger that decides room, and the
-  backing tier's (host's) use;
+  backing tier's (host's) use, and R38's caching allocator (freed blocks cached in a
+  pool that new outputs reuse: ``free_tensor``, ``reuse``, ``reuse_backing``);
 - ``fault_schedule``: when the fault batches of one item (or the flow of one prefetch)
   can run, given the write-backs that make their room.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
+from functools import lru_cache
 from heapq import heappop, heappush
 from itertools import accumulate, count
 
@@ -265,11 +267,13 @@ class PageCache:
 class Run:
     """Blocks ``first`` to ``last - 1`` of tensor ``t`` (its position in the profile),
     resident since the same instant; ``clean`` when their backing copy is valid (R34),
-    so that evicting them is a discard."""
-    __slots__ = ("t", "first", "last", "clean", "alive", "stamp")
+    so that evicting them is a discard; ``cached`` when t is dead and the blocks stay in a
+    caching allocator's pool (R38)."""
+    __slots__ = ("t", "first", "last", "clean", "alive", "stamp", "cached")
 
     def __init__(self, t: int, first: int, last: int, clean: bool, stamp: int = 0):
         self.t, self.first, self.last, self.clean, self.alive, self.stamp = t, first, last, clean, True, stamp
+        self.cached = False
 
 
 class UvmMemory:
@@ -323,16 +327,34 @@ class UvmMemory:
         up, down = machine.link_capacity[PCIE_UP], machine.link_capacity[PCIE_DOWN]
         self.up, self.down = up, down
         self.fault_ps = machine.uvm.fault_latency_ps
-        self.batch_blocks = machine.uvm.batch_blocks
+        self.batch_blocks = machine.uvm.batch_blocks     # the legacy model's (page = block), else 0
+        uvm = machine.uvm
+        self.page = uvm.page if uvm.page else block
+        self.big_pages = max(1, (uvm.big_page if uvm.big_page else self.page) // self.page)
+        self.batch_faults = uvm.batch_faults if uvm.page else max(1, uvm.batch_blocks)
+        self.threshold = uvm.threshold if uvm.page else 100
+        self.block_batch: list[int] = []             # fault_blocks: per block faulted, its last batch
         self._wb_full = -(-block * PS_PER_S // up)
         self._in_full = self.fault_ps + -(-block * PS_PER_S // down)
         self.cache: PageCache | None = None          # R35: SSD backing
         self.written_blocks: list = []               # with a cache: (tensor, first, count) evict() wrote back
         if backing == "ssd":
-            size = machine.uvm.host_cache if machine.uvm.host_cache is not None else host_capacity
+            size = machine.uvm.host_cache if machine.uvm.host_cache is not None else machine.host_bytes
             self.cache = PageCache(size, machine)
             self.ssd_in = min(down, machine.link_capacity[SSD_READ_LINK])
             self.ssd_read_latency = machine.uvm.ssd_latency_ps
+        # R38: a caching allocator's pool (host backing only): the cached runs of dead
+        # tensors (also in ``heap``, for eviction), their GPU bytes (counted in
+        # ``resident_total`` and the ledger), and the pool's bytes in the backing tier.
+        # The pool's memory that an output reuses from the backing tier faults in as the
+        # pseudo-tensor ``pool_index`` (its size set per item in nblocks and tail).
+        self.caching = bool(machine.uvm.caching) and backing == "host"
+        self.cached_heap: list = []
+        self.cached_total = 0
+        self.pool_host = 0
+        self.pool_index = len(ids)
+        self.nblocks.append(0)
+        self.tail.append(0)
 
     def reset_counts(self) -> None:
         """The R37 counters (and R35's), for one iteration."""
@@ -425,7 +447,8 @@ class UvmMemory:
                 heappop(heap)
                 continue
             t = run.t
-            if pins[t]:
+            cached = run.cached
+            if pins[t] and not cached:
                 stash.append(heappop(heap))
                 continue
             count = run.last - run.first
@@ -435,7 +458,8 @@ class UvmMemory:
                 taken = whole
                 heappop(heap)
                 run.alive = False
-                self.runs[t].remove(run)
+                if not cached:
+                    self.runs[t].remove(run)
             else:
                 taken = k * block      # blocks below the run's last one: full ones
             if run.clean:
@@ -451,7 +475,11 @@ class UvmMemory:
                 if self.cache is not None:
                     self.written_blocks.append((t, run.first, k))
             run.first += k
-            self.resident[t] -= taken
+            if cached:                 # R38: the pool's memory, now in the backing tier
+                self.cached_total -= taken
+                self.pool_host += taken
+            else:
+                self.resident[t] -= taken
             self.resident_total -= taken
             self.evictions += k
             got += taken
@@ -461,6 +489,48 @@ class UvmMemory:
         if self.host > self.host_peak:
             self.host_peak = self.host
         return writes, odd, discarded, got - discarded
+
+    def reuse(self, need: int) -> tuple[int, int]:
+        """R38: an item's outputs (``need`` bytes) take the pool's cached blocks on the GPU,
+        least recently migrated first (R32's order), whole blocks, the last one possibly
+        in part (its unused rest is freed). Returns (bytes taken, bytes of the outputs
+        they hold); the ledger is the caller's. A clean block's backing copy goes."""
+        heap, block = self.cached_heap, self.block
+        got = 0
+        while got < need and self.cached_total:
+            run = heap[0][4]
+            if not run.alive:
+                heappop(heap)
+                continue
+            count = run.last - run.first
+            whole = self.run_bytes(run)
+            k = count if got + whole <= need else -(-(need - got) // block)
+            if k == count:
+                taken = whole
+                heappop(heap)
+                run.alive = False
+            else:
+                taken = k * block
+            run.first += k
+            if run.clean:
+                self.host -= taken
+            self.cached_total -= taken
+            self.resident_total -= taken
+            got += taken
+        return got, min(got, need)
+
+    def reuse_backing(self, need: int) -> int:
+        """R38: the outputs' bytes still without room take the pool's memory in the
+        backing tier, up to ``need``; returns the bytes taken, which fault in (set as the
+        pseudo-tensor ``pool_index``'s blocks)."""
+        e = min(need, self.pool_host)
+        if e:
+            self.pool_host -= e
+            self.host -= e
+        n = -(-e // self.block)
+        self.nblocks[self.pool_index] = n
+        self.tail[self.pool_index] = e - (n - 1) * self.block if n else 0
+        return e
 
     def drop_blocks(self, t: int, blocks: list[int]) -> int:
         """The blocks ``blocks`` (sorted) of t leave the GPU (an oversubscribed item evicted
@@ -497,8 +567,19 @@ class UvmMemory:
         return gone
 
     def free_tensor(self, t: int, now: int) -> None:
-        """R7 in UVM mode: a dead tensor's blocks go at once, GPU and backing alike."""
+        """R7 in UVM mode: a dead tensor's blocks go at once, GPU and backing alike; with
+        a caching allocator (R38) they stay in its pool instead: the resident ones cached
+        on the GPU, the rest the pool's bytes in the backing tier."""
         resident = self.resident[t]
+        if self.caching:
+            for run in self.runs[t]:
+                run.cached = True
+                heappush(self.cached_heap, (run.stamp, t, run.first, next(self.order), run))
+            self.runs[t] = []
+            self.cached_total += resident
+            self.pool_host += self.nbytes[t] - resident
+            self.resident[t] = 0
+            return
         clean = 0
         for run in self.runs[t]:
             run.alive = False
@@ -621,36 +702,62 @@ class UvmMemory:
                     sizes.extend([block] * (last - first))
                     durations.extend([full] * (last - first))
             return sizes, durations
-        for t, first, last in ranges:
-            if last == self.nblocks[t]:
-                sizes.extend([block] * (last - first - 1))
-                sizes.append(self.tail[t])
-            else:
-                sizes.extend([block] * (last - first))
-        sizes = [sum(sizes[i:i + g]) for i in range(0, len(sizes), g)]
+        sizes = self._batches(ranges)[0]
         latency, down = self.fault_ps, self.down
         return sizes, [latency + -(-size * PS_PER_S // down) for size in sizes]
+
+    def _batches(self, ranges) -> tuple[list[int], list[list[int]]]:
+        """R31: the fault batches of the blocks of ``ranges`` (tensor, first, last), which
+        the item touches in this order, every page once: per batch the bytes it migrates,
+        and per block the batches that migrate part of it (its last one is when it has
+        arrived, kept in ``block_batch``). Each block is walked by ``block_train``."""
+        page, big, faults, threshold = self.page, self.big_pages, self.batch_faults, self.threshold
+        block = self.block
+        sizes: list[int] = []
+        parts: list[list[int]] = []
+        r = 0
+        for t, first, last in ranges:
+            nblocks, tail = self.nblocks[t], self.tail[t]
+            for b in range(first, last):
+                size = tail if b == nblocks - 1 else block
+                steps, r = block_train(-(-size // page), big, faults, threshold, r)
+                at = 0
+                mine: list[int] = []
+                for new, end in steps:
+                    nbytes = min(end * page, size) - min(at * page, size)
+                    if new:
+                        sizes.append(nbytes)
+                    else:
+                        sizes[-1] += nbytes
+                    if not mine or mine[-1] != len(sizes) - 1:
+                        mine.append(len(sizes) - 1)
+                    at = end
+                parts.append(mine)
+        self.block_batch = [mine[-1] for mine in parts]
+        return sizes, parts
 
     def _fault_blocks_cached(self, ranges) -> tuple[list[int], list[int]]:
         """R35: a batch whose blocks are all in the page cache moves over ``pcie_down``
         alone; otherwise it is one flow over ``ssd_read_link`` and ``pcie_down`` with
         the SSD's latency added. The blocks leave the cache for the GPU."""
-        cache, block, g = self.cache, self.block, self.batch_blocks
-        sizes, hits = [], []
+        cache = self.cache
+        sizes, parts = self._batches(ranges)
+        hit = [True] * len(sizes)
+        i = 0
         for t, first, last in ranges:
             for b in range(first, last):
-                sizes.append(self.tail[t] if b == self.nblocks[t] - 1 else block)
-                hits.append(cache.take(t, b))
-        out_sizes, durations = [], []
-        for i in range(0, len(sizes), g):
-            size = sum(sizes[i:i + g])
-            out_sizes.append(size)
-            if all(hits[i:i + g]):
+                if not cache.take(t, b):
+                    for j in parts[i]:
+                        hit[j] = False
+                i += 1
+        durations = []
+        for size, all_cached in zip(sizes, hit):
+            if all_cached:
                 durations.append(self.fault_ps + -(-size * PS_PER_S // self.down))
             else:
                 self.ssd_read_bytes += size
                 durations.append(self.fault_ps + self.ssd_read_latency + -(-size * PS_PER_S // self.ssd_in))
-        return out_sizes, durations
+        return sizes, durations
 
     def writeback_ends(self, base: int, now: int, writes, durations) -> list[int]:
         """When each write-back of ``writes`` ends, back to back on ``d2h`` from ``base``;
@@ -680,6 +787,43 @@ class UvmMemory:
             else:
                 total += n * full
         return count, total
+
+
+@lru_cache(maxsize=65536)
+def block_train(pages: int, big: int, faults: int, threshold: int, room: int) -> tuple[tuple, int]:
+    """R31: how the driver brings in a VA block of ``pages`` pages that is not on the GPU
+    and that a kernel touches in address order, every page once. ``room`` faults are
+    left in the batch being gathered (0: the next fault opens a batch of ``faults``).
+
+    Each step is one batch's share of the block: the next ``n = min(room, pages left)``
+    pages fault (pages already migrated do not); the faulted pages grow to their big
+    pages (``big`` pages each), and with the pages already resident they make the
+    prefetcher's bitmap; the tree over the block's pages (levels of 1, 2, 4, ... pages,
+    aligned, the top one 2^ceil(log2 pages) clipped to the block) is walked up from the
+    last faulted page, and every node whose bitmap count ``c`` of its ``s`` pages has
+    ``c * 100 > s * threshold`` is migrated whole; the largest such node wins. What
+    migrates is always a prefix of the block (the first pages resident, the rest not).
+    Returns ((opens a new batch, pages resident after it), ...) and the room left."""
+    at, steps = 0, []
+    levels = (pages - 1).bit_length() + 1
+    while at < pages:
+        new = room == 0
+        if new:
+            room = faults
+        n = min(room, pages - at)
+        room -= n
+        touched = at + n
+        bitmap = min(-(-touched // big) * big, pages)
+        last, end = touched - 1, touched
+        for level in range(levels):
+            lo = (last >> level) << level
+            hi = min(lo + (1 << level), pages)
+            count = min(hi, bitmap) - lo
+            if count > 0 and count * 100 > (hi - lo) * threshold and hi > end:
+                end = hi
+        steps.append((new, end))
+        at = end
+    return tuple(steps), room
 
 
 def fault_schedule(now: int, h2d_free: int, ready: int, writes, ends, alloc: int, durations, sizes) -> tuple[int, int]:

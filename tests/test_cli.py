@@ -68,7 +68,8 @@ def test_validate_bad_plan_exit_2(profile_file, tmp_path):
 def test_hardware_json():
     data = json.loads(run("hardware", "--json").output)
     names = [hw["name"] for hw in data]
-    assert "a100-40gb-pcie4" in names and len(names) == 8
+    from simulator.hardware import preset_names
+    assert "a100-40gb-pcie4" in names and "a100-40gb-32gb-pcie4" in names and names == preset_names()
     a100 = data[names.index("a100-40gb-pcie4")]
     assert a100["gpu"]["memory_bytes"] == 40 * 2**30 and a100["pcie"]["h2d_gbps"] == 24
 
@@ -239,7 +240,7 @@ def test_import_kineto_writes_a_measured_profile(tmp_path):
     result = run("import", "kineto", str(VGG13 / "kineto_trace.json"), "--et", str(VGG13 / "execution_trace.json"),
                  "-o", str(out))
     assert result.exit_code == 0, result.output
-    assert result.output.startswith(f"wrote {out}: kineto_trace, 77 ops")
+    assert result.output.startswith(f"wrote {out}: kineto_trace, 252 ops")
     data = json.loads(run("info", str(out), "--json").output)
     assert data["source"]["timing"] == "measured" and data["bytes_by_kind"]["weight"] > 0
 

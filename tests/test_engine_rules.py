@@ -5,10 +5,13 @@ latency unless a test sets one. Ops take 10 us unless stated.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from simulator.errors import InputError
 from simulator.plan import drop, offload, prefetch, recompute
+from simulator.profile import Profile
 from tests.conftest import make_profile
 from tests.engine_helpers import both_paths, chain, machine, plan
 
@@ -165,17 +168,35 @@ def test_r6_op_waits_for_its_prefetch_and_allocates_outputs_plus_workspace():
     assert "needs 35 bytes, 34 free" in r.reason
 
 
-def test_r6_recompute_allocates_only_its_tensor_plus_workspace():
-    # f2 makes b (10) and c (50) with workspace 7; recomputing b allocates 10 + 7 only.
+def test_r15_recompute_holds_the_other_outputs_its_rerun_makes():
+    # f2 makes b (10) and c (50) with workspace 7. Re-running f2 to recompute b makes c
+    # again too (a kernel writes all its outputs): the recompute allocates b (10) and
+    # holds c's 50 bytes with the workspace (7) while it runs.
     t = {"a": (10, "activation"), "b": (10, "activation"), "c": (50, "activation")}
     ops = [("f1", "forward", 10.0, [], ["a"]), ("f2", "forward", 10.0, ["a"], ["b", "c"], None, 7),
            ("f3", "forward", 10.0, ["c"], []), ("g", "backward", 10.0, ["a", "b"], [])]
     p = make_profile(t, ops, "re2")
-    r = simulate(p, plan(p, drop("b", "f2"), recompute("b", "g")), HW, budget_bytes=1000, record=True)
+    pl = plan(p, drop("b", "f2"), recompute("b", "g"))
+    r = simulate(p, pl, HW, budget_bytes=1000, record=True)
     assert r.ok
-    # At the recompute: a 10 + b 10 + ws 7 = 27 (c was freed after f3).
+    # t = 30: a 10 + b 10 + (ws 7 + c 50) = 77 (the first c was freed after f3);
+    # at 40 the scratch is gone: a 10 + b 10 = 20 while g runs.
     at_recompute = [b for t_, b in r.timeline.memory if t_ == 30.0]
-    assert at_recompute[-1] == 27
+    assert at_recompute[-1] == 77
+    assert [b for t_, b in r.timeline.memory if t_ == 40.0][-1] == 20
+    # f2's own run (a 10 + b 10 + c 50 + ws 7 = 77) and the recompute tie for the peak.
+    assert r.peak_bytes == 77
+    # The budget binds at the recompute: 76 bytes is infeasible there, on both paths.
+    for record in (True, False):
+        short = simulate(p, pl, HW, budget_bytes=76, record=record)
+        assert short.valid and not short.feasible and short.rule == "R10"
+    # A profile may say a re-run makes only some outputs (rerun_outputs): then 10 + 10 + 7.
+    only_b = replace(p.ops[1], rerun_outputs=("b",))
+    q = Profile(p.name, p.tensors, (p.ops[0], only_b, *p.ops[2:]))
+    r = simulate(q, plan(q, drop("b", "f2"), recompute("b", "g")), HW, budget_bytes=1000, record=True)
+    assert [b for t_, b in r.timeline.memory if t_ == 30.0][-1] == 27
+    fast = simulate(q, plan(q, drop("b", "f2"), recompute("b", "g")), HW, budget_bytes=1000)
+    assert fast.peak_bytes == r.peak_bytes == 77 and fast.iteration_us == r.iteration_us
 
 
 def test_r7_actions_are_enqueued_only_when_their_op_ends():

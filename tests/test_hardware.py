@@ -5,7 +5,7 @@ import yaml
 from simulator.errors import InputError
 from simulator.hardware import hardware_from_dict, load_hardware, load_presets, preset_dir, preset_names
 
-PRESETS = ["a100-40gb-pcie4", "a100-80gb-pcie4", "h100-80gb-pcie5", "h200-141gb-1.5tb-pcie5",
+PRESETS = ["a100-40gb-32gb-pcie4", "a100-40gb-pcie4", "a100-80gb-pcie4", "h100-80gb-pcie5", "h200-141gb-1.5tb-pcie5",
            "rtx4090-24gb-256gb-pcie4", "rtx4090-24gb-pcie4", "v100-16gb-pcie3", "v100-32gb-pcie3"]
 
 

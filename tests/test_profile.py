@@ -316,3 +316,40 @@ def test_error_file_level(tmp_path):
     (tmp_path / "n.json").write_text('{"format": NaN}')
     with pytest.raises(InputError, match="invalid JSON"):
         load_profile(tmp_path / "n.json")
+
+
+# ----------------------------------------------------------------------------- rerun_outputs (R15)
+
+
+def _multi_output_dict() -> dict:
+    t = {"x": (8, "input"), "y": (4, "activation"), "m": (1, "activation"), "s": (2, "activation")}
+    ops = [("f", "forward", 1.0, ["x"], ["y", "m", "s"]), ("g", "backward", 1.0, ["y", "m", "s"], [])]
+    return profile_from_dict(make_profile(t, ops, "multi").to_dict()).to_dict()
+
+
+def test_rerun_outputs_default_is_every_output():
+    p = profile_from_dict(_multi_output_dict())
+    assert p.ops[0].rerun_outputs is None and p.ops[0].remade() == ("y", "m", "s")
+    assert [p.rerun_extra_bytes(t) for t in ("y", "m", "s", "x")] == [3, 6, 5, 0]
+
+
+def test_rerun_outputs_narrows_what_a_rerun_makes_and_round_trips():
+    data = _multi_output_dict()
+    data["ops"][0]["rerun_outputs"] = ["y", "m"]
+    p = profile_from_dict(data)
+    assert p.rerun_extra_bytes("y") == 1 and p.rerun_extra_bytes("m") == 4
+    assert p.rerun_extra_bytes("s") == 5          # s is made, and the re-run makes y and m beside it
+    again = profile_from_dict(json.loads(canonical_json(p)))
+    assert again.ops[0].rerun_outputs == ("y", "m") and again.sha256 == p.sha256
+    assert again.sha256 != profile_from_dict(_multi_output_dict()).sha256
+
+
+@pytest.mark.parametrize("value,problem", [
+    (["x"], "ops[0] (f).rerun_outputs[0]: 'x' is not an output of the op"),
+    (["y", "y"], "ops[0] (f).rerun_outputs[1]: 'y' is listed twice"),
+    ("y", "ops[0] (f).rerun_outputs"),
+])
+def test_rerun_outputs_errors_name_the_field(value, problem):
+    data = _multi_output_dict()
+    data["ops"][0]["rerun_outputs"] = value
+    assert problem in _error(data)

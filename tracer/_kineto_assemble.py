@@ -15,6 +15,8 @@ from simulator.profile import FORMAT
 from tracer._kineto_read import _Trace
 from tracer._kineto_iteration import _Iteration
 from tracer._kineto_et import _Flow
+from tracer._kineto_memory import OUTSIDE
+from tracer._kineto_split import op_starts
 
 
 # Public traces recognised by the sha256 of their (decompressed) text, so that the
@@ -44,7 +46,7 @@ def _assemble(iteration: _Iteration, flow: "_Flow | None", trace: _Trace,
             continue
         alloc.tensor_id = f"t{counter}"
         counter += 1
-        phase = iteration.ops[alloc.producer].phase
+        phase = "other" if alloc.inner else iteration.ops[alloc.producer].phase
         tensor = {"id": alloc.tensor_id, "bytes": alloc.event.bytes,
                   "kind": {"forward": "activation", "backward": "gradient"}.get(phase, "other"),
                   "name": alloc.namer}
@@ -114,7 +116,7 @@ def _pre_window(iteration: _Iteration) -> "_PreWindow | None":
     baseline = iteration.stats["memory"].get("trace_baseline_bytes")
     if not baseline or baseline <= 0 or not iteration.ops:
         return None
-    starts = [op.span.start for op in iteration.ops]
+    starts = op_starts(iteration.ops)
     freed = early = last = 0
     for m in iteration.pre_frees:
         k = bisect.bisect_right(starts, m.ts) - 1
@@ -141,9 +143,10 @@ def _persistent_tensor(info: dict) -> dict:
 def _op_entries(iteration: _Iteration, flow: _Flow | None):
     """One entry per kept op, and how many uses were added only to keep a lifetime.
 
-    Inputs and updates are the ET's reads and in-place writes; a tensor freed after the
-    last of them (or, without an ET, any tensor) is also an input of the op at which its
-    lifetime ends, the last op starting before its free.
+    Inputs and updates are the ET's reads and in-place writes; a piece of a split op also
+    reads its op's tensors allocated by earlier pieces; a tensor freed after the last of
+    them (or, without an ET, any tensor) is also an input of the op at which its lifetime
+    ends, the last op starting before its free.
     """
     ops = iteration.ops
     inputs = [[] for _ in ops]
@@ -156,6 +159,11 @@ def _op_entries(iteration: _Iteration, flow: _Flow | None):
                     tid = target["id"] if isinstance(target, dict) else target.tensor_id
                     out[k].append(tid)
                     touched[k].add(tid)
+    for k, op in enumerate(ops):
+        for alloc in op.inner:
+            if alloc.tensor_id not in touched[k]:
+                inputs[k].append(alloc.tensor_id)
+                touched[k].add(alloc.tensor_id)
     retention = 0
     for alloc in iteration.allocations:
         if alloc.temporary or alloc.last <= alloc.producer:
@@ -166,7 +174,7 @@ def _op_entries(iteration: _Iteration, flow: _Flow | None):
             retention += 1
     entries = []
     for k, op in enumerate(ops):
-        entry = {"id": f"o{k}", "name": op.span.name, "phase": op.phase,
+        entry = {"id": f"o{k}", "name": op.name, "phase": op.phase,
                  "time_us": round(op.time_us, 3), "inputs": inputs[k],
                  "outputs": [a.tensor_id for a in op.allocations if not a.temporary]}
         if updates[k]:
@@ -186,13 +194,13 @@ def _source(iteration: _Iteration, flow, trace: _Trace, trace_path, et_path,
                      "persistent tensors)")
     window = (f"ProfilerStep#{iteration.step}" if iteration.step is not None
               else "the whole trace (no ProfilerStep#N spans)")
-    ops = iteration.ops
     source = {"kind": "measured", "from": " + ".join(names), "timing": "measured",
               "iteration": iteration.step, "window": window,
-              "ops": {"top_level": iteration.stats["top_level_ops"], "kept": len(ops),
-                      "dropped_without_gpu_work": iteration.stats["top_level_ops"] - len(ops),
-                      "with_gpu_work": sum(1 for op in ops if op.gpu_events)},
-              "gpu": iteration.stats["gpu"], "memory": _memory_source(iteration)}
+              "ops": _ops_source(iteration),
+              "gpu": iteration.stats["gpu"], "memory": _memory_source(iteration),
+              # R15: which allocations a re-run of a measured op makes again is not in the
+              # trace; the simulator counts every output (ops[].rerun_outputs absent)
+              "rerun_outputs": "assumed: every output"}
     device = trace.devices.get(iteration.device)
     if device is not None:
         source["device"] = device
@@ -210,6 +218,20 @@ def _source(iteration: _Iteration, flow, trace: _Trace, trace_path, et_path,
     return source
 
 
+def _ops_source(iteration: _Iteration) -> dict:
+    """How many top-level ops the window had, kept, and split into kernel ops."""
+    split = iteration.stats.get("split")
+    kept = split["kept"] if split else len(iteration.ops)
+    with_gpu = split["with_gpu_work"] if split else sum(1 for op in iteration.ops if op.gpu_events)
+    top = iteration.stats["top_level_ops"]
+    ops = {"top_level": top, "kept": kept, "dropped_without_gpu_work": top - kept,
+           "with_gpu_work": with_gpu}
+    if split:
+        ops["split"] = {"ops": split["ops"], "into_kernel_ops": split["pieces"],
+                        "profile_ops": len(iteration.ops)}
+    return ops
+
+
 def _memory_source(iteration: _Iteration) -> dict:
     allocations = iteration.allocations
     memory = dict(iteration.stats["memory"])
@@ -217,7 +239,7 @@ def _memory_source(iteration: _Iteration) -> dict:
                   tensors=sum(1 for a in allocations if not a.temporary),
                   temporaries=sum(1 for a in allocations if a.temporary),
                   outside_operators=sum(1 for a in allocations
-                                        if a.namer == "(outside operators)"))
+                                        if a.namer == OUTSIDE))
     return memory
 
 

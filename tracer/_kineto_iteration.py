@@ -27,6 +27,19 @@ class _Op:
     gpu_events: int = 0
     allocations: list = field(default_factory=list)   # _Alloc produced here
     workspace: int = 0
+    launches: list = field(default_factory=list)      # (launch ts, _Gpu), known launches
+    unlaunched: int = 0         # GPU events found by External id: launch time unknown
+    label: str | None = None    # a kernel piece's name (tracer._kineto_split)
+    begin: float | None = None  # a kernel piece's start: its launch
+    inner: list = field(default_factory=list)   # a piece's tensors of its own op, allocated earlier
+
+    @property
+    def name(self) -> str:
+        return self.label if self.label is not None else self.span.name
+
+    @property
+    def start(self) -> float:
+        return self.begin if self.begin is not None else self.span.start
 
 
 @dataclass
@@ -149,6 +162,10 @@ def _attach_gpu(trace: _Trace, ops: list, device) -> dict:
         counts["by"][how] += 1
         op.time_us += g.dur
         op.gpu_events += 1
+        if how == "correlation":
+            op.launches.append((trace.runtimes[g.correlation][1], g))
+        else:
+            op.unlaunched += 1
     counts["time_us"] = round(counts["time_us"], 3)
     return counts
 

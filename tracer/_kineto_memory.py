@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from tracer._kineto_read import _EMPTY, _Mem, _Trace, _innermost
 
+OUTSIDE = "(outside operators)"     # the namer of an allocation made outside every op
+
 
 @dataclass(eq=False)
 class _Alloc:
@@ -23,6 +25,7 @@ class _Alloc:
     free_pos: int | None = None
     shape: list | None = None
     dtype: str | None = None
+    inner: bool = False               # allocated and freed by the kernels of one split op
 
 
 def _in_window(ts: float, window) -> bool:
@@ -89,7 +92,7 @@ def _place_allocations(trace: _Trace, ops: list, allocations: list) -> None:
         k = index.get(id(span)) if span is not None else None
         if k is None:                               # outside every kept op: the next one
             k = min(bisect.bisect_left(starts, m.ts), len(ops) - 1)
-            alloc.namer = "(outside operators)"
+            alloc.namer = OUTSIDE
         else:
             alloc.namer = _innermost(span, m.ts).name
         alloc.producer = k

@@ -43,6 +43,7 @@ class _Gpu:
     device: int | None
     correlation: int | None
     external: int | None
+    name: str = ""       # the kernel's name (a piece's name when its op is split)
 
 
 @dataclass(eq=False)
@@ -152,7 +153,7 @@ def _read_event(trace: _Trace, event: dict, i: int) -> None:
     thread = (_key(event.get("pid")), _key(event.get("tid")))
     if cat in _GPU_CATS:
         trace.gpu.append(_Gpu(i, _GPU_CATS[cat], dur, _int_or_none(args.get("device")),
-                              _correlation(args, file, where), _external(args)))
+                              _correlation(args, file, where), _external(args), name))
     elif cat in _RUNTIME_CATS:
         correlation = _correlation(args, file, where)
         if correlation is not None:

@@ -28,6 +28,16 @@ What is modelled
   memory (views, CPU scalar work such as Adam's step counters, ``AccumulateGrad`` that
   steals its gradient) is dropped: it takes no GPU time and holds nothing. An operator
   with allocations but no kernels is kept with time 0.
+- **Ops split at kernel launches** (``split``, default on). A kept op that launched
+  several GPU events, all through launch events, with a memory event between its first
+  launch and its last (a compiled region, a cuDNN call with a workspace) becomes one op
+  per GPU event, in launch order, named ``<op>/<kernel>``, timed by the event. On the
+  CPU clock, an allocation made after launch j-1 and up to launch j is produced by piece
+  j; a free from launch j up to launch j+1 ends the lifetime at piece j (before the first
+  launch: at the op before). Piece j then holds what is allocated at launch j; its
+  workspace is the most the trace holds since launch j-1 beyond that. Buffers the op
+  allocates are inputs of its later pieces while allocated (kind ``other`` if the op
+  frees them too); the ET's reads of the op are reads of each piece while allocated.
 - **Phases.** ``backward``: ops on the autograd thread (a thread whose first op is an
   ``autograd::engine::evaluate_function: ...``) or named like a backward node
   (``autograd::engine::evaluate_function: ...``, ``...Backward0``); ``optimizer``: ops
@@ -93,7 +103,8 @@ What is approximated, and why
   not in it (the planner models the GPU's busy time).
 - Memory is op-granular: within op i the profile holds everything live at any moment of
   it plus its workspace peak, so the no-swap peak can exceed the trace's by what an op
-  frees before it allocates.
+  frees before it allocates. Split ops hold exactly the trace's peak over each kernel's
+  interval (but for an op's tail after its last launch).
 - Without an ET there is no dataflow except those lifetime uses, and the persistent
   state is one opaque tensor, ``pre_window``: weights, optimizer state and the batch were
   allocated before the window and are invisible to the ``[memory]`` events but for their
@@ -107,14 +118,14 @@ Checking against the trace
 (``Total Allocated`` before its first event: everything allocated earlier, i.e. weights,
 optimizer state, the batch, the last iteration's gradients) and ``trace_peak_bytes``
 (the largest ``Total Allocated``). Without an ET the profile's no-swap peak is
-``trace_peak_bytes`` up to op granularity: on the VGG13 trace 39,343,883,264 B against
-39,343,881,216 B (2 KB above). With one, ``peak_bytes - persistent_bytes`` holds exactly
+``trace_peak_bytes`` up to op granularity: on the VGG13 trace exactly 39,343,881,216 B
+(kept whole: 39,343,883,264 B, 2 KB above). ``peak_fidelity`` sets the two side by side. With one, ``peak_bytes - persistent_bytes`` holds exactly
 the window's allocations, op by op, and exceeds ``trace_peak_bytes -
 trace_baseline_bytes`` (what the iteration added at its worst moment) by the pre-window
 buffers freed before that moment: the trace nets those frees out of its growth, the
 window's own allocations do not. That is not double counting: in steady state those are
 the last iteration's copies of buffers the window allocates again (on the VGG13 trace,
-0.53 GB of gradients: 36.30 GB against 35.77 GB; op granularity adds 2 KB).
+0.53 GB of gradients: 36.30 GB against 35.77 GB; kept whole, op granularity adds 2 KB).
 
 The result is deterministic (same files, same profile, byte for byte) and validated by
 ``profile_from_dict``. Every malformed or mismatched input raises ``InputError(file,
@@ -124,11 +135,13 @@ recognises by their sha256 (the VGG13 files of sarchlab/triosim, MIT).
 Modules, one step each: ``tracer._kineto_read`` (the trace's events, nested by thread),
 ``tracer._kineto_iteration`` (the window and its ops), ``tracer._kineto_memory``
 (allocations paired with frees, lifetimes, workspaces), ``tracer._kineto_et`` (the
-Execution Trace and its join), ``tracer._kineto_assemble`` (the profile's data).
+Execution Trace and its join), ``tracer._kineto_split`` (ops split at kernel launches),
+``tracer._kineto_assemble`` (the profile's data).
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from simulator.errors import InputError
 from simulator.files import read_document
@@ -138,16 +151,19 @@ from tracer._kineto_read import _read_trace, _show
 from tracer._kineto_iteration import _build_iteration
 from tracer._kineto_et import _dataflow, _read_et
 from tracer._kineto_assemble import _assemble
+from tracer._kineto_split import _split
 
-__all__ = ["import_kineto"]
+__all__ = ["import_kineto", "peak_fidelity", "PeakFidelity"]
 
 
-def import_kineto(trace_path, et_path=None, iteration=None, name=None) -> Profile:
+def import_kineto(trace_path, et_path=None, iteration=None, name=None, split=True) -> Profile:
     """Build a validated Profile from a Kineto trace (``.json`` / ``.json.gz``).
 
     ``et_path``: an Execution Trace of the same run (dataflow, persistent tensors).
     ``iteration``: the ``N`` of ``ProfilerStep#N`` (default: the last complete one).
     ``name``: the profile's name (default: the trace file's name without extensions).
+    ``split``: split ops with several kernels and memory events between their launches
+    into one op per kernel (default); False keeps every top-level op whole.
     Raises InputError(file, where, problem) for every malformed or mismatched input.
     """
     for label, path in (("trace_path", trace_path), ("et_path", et_path)):
@@ -157,6 +173,8 @@ def import_kineto(trace_path, et_path=None, iteration=None, name=None) -> Profil
     step = _check_iteration(iteration)
     if name is not None and (not isinstance(name, str) or not name):
         raise InputError("<argument>", "name", "expected a non-empty string")
+    if not isinstance(split, bool):
+        raise InputError("<argument>", "split", f"expected True or False, got {_show(split)}")
     trace_data = read_document(trace_path, formats=("json",))
     et_data = read_document(et_path, formats=("json",)) if et_path is not None else None
     try:
@@ -164,6 +182,8 @@ def import_kineto(trace_path, et_path=None, iteration=None, name=None) -> Profil
         et = _read_et(et_data, str(et_path)) if et_path is not None else None
         chosen = _build_iteration(trace, step)
         flow = _dataflow(chosen, et, trace) if et is not None else None
+        if split:
+            _split(chosen, flow)
         data = _assemble(chosen, flow, trace, trace_path, et_path, name)
     except InputError:
         raise
@@ -181,3 +201,29 @@ def _check_iteration(iteration) -> int | None:
         raise InputError("<argument>", "iteration",
                          f"expected a whole number >= 0, got {iteration!r}")
     return iteration
+
+
+@dataclass(frozen=True)
+class PeakFidelity:
+    """A trace's own memory peak beside the no-swap peak of the profile imported from it."""
+    trace_peak_bytes: int | None      # the largest Total Allocated in the window (None: not in the trace)
+    imported_peak_bytes: int          # the profile's no-swap peak
+    ops: int                          # the profile's ops
+    split_ops: int                    # top-level ops split into kernel ops
+    profile: Profile
+
+    @property
+    def error(self) -> float | None:
+        """imported / trace - 1 (0.16: the import is 16% heavier than the trace)."""
+        if not self.trace_peak_bytes:
+            return None
+        return self.imported_peak_bytes / self.trace_peak_bytes - 1
+
+
+def peak_fidelity(trace_path, et_path=None, iteration=None, split=True) -> PeakFidelity:
+    """Import a trace and set its peak ``Total Allocated`` (within the imported window)
+    beside the profile's no-swap peak. Without ``et_path`` both count the same bytes."""
+    profile = import_kineto(trace_path, et_path, iteration, split=split)
+    ops = profile.source["ops"]
+    return PeakFidelity(profile.source["memory"].get("trace_peak_bytes"), profile.peak_bytes,
+                        len(profile.ops), ops.get("split", {}).get("ops", 0), profile)
