@@ -21,6 +21,8 @@ from simulator.hardware import load_hardware, load_presets
 from simulator.plan import check_plan, load_plan
 from simulator.units import format_bytes, format_us
 
+from cli_text import print_comparison, print_replay, print_result, print_train, table
+
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
 
@@ -46,20 +48,6 @@ def _outputs(*paths) -> None:
     for path in paths:
         if path:
             check_output(path)
-
-
-def _table(title: str | None, columns: list[str], rows: list[list], right: set[int] = frozenset()) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title, box=None, title_justify="left", header_style="bold", pad_edge=False)
-    for k, column in enumerate(columns):
-        table.add_column(column, justify="right" if k in right else "left", no_wrap=True)
-    for row in rows:
-        table.add_row(*[str(cell) for cell in row])
-    # Not a terminal (a pipe, a file): never wrap or cut rows.
-    width = None if sys.stdout.isatty() else 400
-    Console(highlight=False, width=width).print(table)
 
 
 class _Group(click.Group):
@@ -159,11 +147,11 @@ def info(profile: str, as_json: bool, top: int) -> None:
     click.echo("")
     rows = [[kind, summary["tensors_by_kind"][kind], format_bytes(summary["bytes_by_kind"][kind])]
             for kind in summary["bytes_by_kind"] if summary["tensors_by_kind"][kind]]
-    _table("bytes by kind", ["kind", "tensors", "bytes"], rows, right={1, 2})
+    table("bytes by kind", ["kind", "tensors", "bytes"], rows, right={1, 2})
     if summary["largest_tensors"]:
         click.echo("")
         rows = [[t["id"], t["kind"], format_bytes(t["bytes"]), t["name"] or ""] for t in summary["largest_tensors"]]
-        _table("largest tensors", ["id", "kind", "bytes", "name"], rows, right={2})
+        table("largest tensors", ["id", "kind", "bytes", "name"], rows, right={2})
 
 
 # ----------------------------------------------------------------------------- validate
@@ -248,7 +236,7 @@ def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, alloc
     Exit status: 0 valid and feasible, 1 invalid or infeasible (the report is still
     printed), 2 bad input.
     """
-    from planner.bound import bound_fields, lower_bound
+    from planner.core.bound import bound_fields, lower_bound
     from simulator.api import simulate as run_simulation
     from simulator.plan import empty_plan
     from simulator.plot import plot_memory
@@ -282,7 +270,7 @@ def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, alloc
     if as_json:
         _echo_json({"profile": loaded.name, "hardware": hardware.name, **result.to_dict(), **bound})
     else:
-        _print_result(loaded.name, hardware.name, result, bound)
+        print_result(loaded.name, hardware.name, result, bound)
     if not result.ok:
         raise click.exceptions.Exit(1)
 
@@ -293,46 +281,6 @@ def _hardware(hardware_name, plan, profile):
     if note:
         _note(note)
     return load_hardware(spec)
-
-
-def _print_result(profile_name: str, hardware_name: str, result, bound: dict | None = None) -> None:
-    status = "ok" if result.ok else ("INVALID" if not result.valid else "INFEASIBLE")
-    click.echo(f"{profile_name} on {hardware_name}, budget {format_bytes(result.budget_bytes)}: {status}")
-    if not result.ok:
-        click.echo(f"  {result.rule}: {result.reason}" if result.reason else f"  {result.rule} at op {result.op}")
-        if result.valid:
-            click.echo(f"  stopped at {format_us(result.iteration_us)}; peak {format_bytes(result.peak_bytes)}")
-        return
-    click.echo(f"  iteration  {format_us(result.iteration_us)}  (ideal {format_us(result.ideal_us)}, "
-               f"overhead {result.overhead * 100:.2f}%)")
-    if bound is not None and bound["lower_bound_us"] is not None:
-        click.echo(f"  bound      {format_us(bound['lower_bound_us'])}  (no {bound['bound']} plan is faster; "
-                   f"this one is {bound['gap_to_bound'] * 100:.2f}% above it)")
-    click.echo(f"  compute    {format_us(result.compute_us)}  (recompute {format_us(result.recompute_us)})")
-    if result.cpu_us:
-        click.echo(f"  cpu        {format_us(result.cpu_us)}  (ops on the host CPU, R24-R28)")
-    click.echo(f"  stalls     {format_us(result.stall_us)}  (data {format_us(result.stall_data_us)}, "
-               f"memory {format_us(result.stall_memory_us)}), tail {format_us(result.tail_us)}")
-    if result.faults or result.evictions:
-        click.echo(f"  uvm        {result.faults} fault batches ({format_bytes(result.fault_bytes)}, stalled "
-                   f"{format_us(result.stall_fault_us)}), {result.evictions} blocks evicted "
-                   f"({format_bytes(result.writeback_bytes)} written back)")
-    click.echo(f"  peak       {format_bytes(result.peak_bytes)} at {format_us(result.peak_at_us)}")
-    if result.arena_bytes is not None:
-        click.echo(f"  arena      {format_bytes(result.arena_bytes)} (fragmentation {result.fragmentation:.3f}: "
-                   "arena extent over peak live bytes)")
-    if result.codec_us:
-        click.echo(f"  codecs     {format_us(result.codec_us)} of encode and decode kernels"
-                   + (f"; lossy: {len(result.lossy_tensors)} tensors" if result.lossy_tensors else ""))
-    moved = [f"{link} {format_bytes(nbytes)} ({result.link_utilisation[link] * 100:.1f}% busy)"
-             for link, nbytes in result.link_bytes.items() if nbytes]
-    click.echo("  links      " + (", ".join(moved) if moved else "nothing moved"))
-    if result.host_peak_bytes or result.ssd_peak_bytes:
-        click.echo(f"  off-GPU    host peak {format_bytes(result.host_peak_bytes)}, "
-                   f"ssd peak {format_bytes(result.ssd_peak_bytes)}")
-    worst = sorted(result.stall_by_op.items(), key=lambda kv: -sum(kv[1].values()))[:5]
-    if worst:
-        click.echo("  most stalled: " + ", ".join(f"{op} {format_us(sum(s.values()))}" for op, s in worst))
 
 
 # ----------------------------------------------------------------------------- replay
@@ -385,49 +333,13 @@ def replay_cmd(profile, plan, backend, hardware_name, budget, time_scale, size_s
     if as_json:
         _echo_json(report)
     else:
-        _print_replay(report)
+        print_replay(report)
     if not report["ok"]:
         click.echo("replay failed: " + _one_line(report["failure"]["message"]), err=True)
         raise click.exceptions.Exit(1)
     if not report["predicted"]["valid"] or not report["predicted"]["feasible"]:
         _note(f"the simulator finds this plan {'invalid' if not report['predicted']['valid'] else 'infeasible'}: "
               f"{report['predicted']['rule']}: {report['predicted']['reason']}")
-
-
-def _print_replay(r: dict) -> None:
-    status = "ok" if r["ok"] else "FAILED"
-    click.echo(f"replay of {r['planner']}'s plan for {r['profile']} on {r['hardware']}, budget "
-               f"{format_bytes(r['budget_bytes'])}: {status}")
-    click.echo(f"  {r['backend']} backend, time x{r['time_scale']:g}, size x{r['size_scale']:g}; "
-               f"{r['wall_s']:.2f} s of real time")
-
-    def err(value):
-        return "" if value is None else f"{value * 100:+.2f}%"
-
-    def us(value):
-        return "-" if value is None else format_us(value)
-
-    rows = [["iteration", format_us(r["iteration_us"]), us(r["predicted_us"]), err(r["relative_error"])],
-            ["compute", format_us(r["compute_us"]), us(r["predicted_compute_us"]), ""],
-            ["stalls", format_us(r["stall_us"]), us(r["predicted_stall_us"]), ""],
-            ["tail", format_us(r["tail_us"]), us(r["predicted_tail_us"]), ""],
-            ["peak", format_bytes(r["peak_bytes"]),
-             "-" if r["predicted_peak_bytes"] is None else format_bytes(r["predicted_peak_bytes"]),
-             err(r["peak_relative_error"])]]
-    for link, nbytes in r["link_bytes"].items():
-        predicted = (r["predicted_link_bytes"] or {}).get(link)
-        if nbytes or predicted:
-            rows.append([link, format_bytes(nbytes), "-" if predicted is None else format_bytes(predicted),
-                         err((r["link_relative_error"] or {}).get(link))])
-    _table(None, ["", "measured", "predicted", "error"], rows, right={1, 2, 3})
-    click.echo(f"  region     {format_bytes(r['arena_bytes'])}: peak {format_bytes(r['peak_arena_bytes'])} live, "
-               f"extent {format_bytes(r['peak_extent_bytes'])}, fragmentation {r['fragmentation']:.3f}"
-               + (f", {r['compactions']} compactions" if r["compactions"] else ""))
-    click.echo(f"  integrity  {r['integrity']}")
-    if r["late_us"] > 0.01 * max(r["iteration_us"], 1e-9):
-        click.echo(f"  note: the checks of {r['late_items']} items outlasted their scaled time by "
-                   f"{format_us(r['late_us'])} in all (a smaller --size-scale or a larger --time-scale makes "
-                   "them fit)")
 
 
 # ----------------------------------------------------------------------------- trace
@@ -503,7 +415,7 @@ def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name
 
     if list_models:
         from tracer.models import REGISTRY
-        _table(None, ["model", "batch", "seq", "description"],
+        table(None, ["model", "batch", "seq", "description"],
                [[e.name, e.batch, e.seq, e.description] for e in REGISTRY.values()], right={1, 2})
         return
     if (model is None and hf_config is None) or output is None:
@@ -637,23 +549,11 @@ def train_cmd(model, planner_name, budget, plan_path, steps, batch, seq, optimiz
     if as_json:
         _echo_json(report)
     else:
-        _print_train(report)
+        print_train(report)
     ok = report["bit_equal"] and report["peak_bytes"] <= report["budget_bytes"] and \
         report["actions_applied"] == report["actions_total"]
     if not ok:
         raise click.exceptions.Exit(1)
-
-
-def _print_train(r: dict) -> None:
-    secs = r["seconds_per_step"]
-    click.echo(f"train {r['model']} ({r['profile']}), {r['steps']} step(s), {r['planner']} plan on {r['hardware']}: "
-               f"{'bit-equal' if r['bit_equal'] else 'NOT bit-equal: ' + ', '.join(r['differences'])}")
-    click.echo(f"  peak {format_bytes(r['peak_bytes'])} of budget {format_bytes(r['budget_bytes'])} (simulated "
-               f"{format_bytes(r['simulated_peak_bytes'])}, no-swap {format_bytes(r['profile_peak_bytes'])}); "
-               f"host peak {format_bytes(r['host_peak_bytes'])}")
-    unplanned = "-" if secs["unplanned"] is None else f"{secs['unplanned']:.3f}"
-    click.echo(f"  actions {r['actions_applied']}/{r['actions_total']} applied; seconds per step: planned "
-               f"{secs['planned']:.3f}, unplanned {unplanned}, reference {secs['reference']:.3f}")
 
 
 # ----------------------------------------------------------------------------- import
@@ -757,8 +657,8 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_li
     fits the budget, 1 when the planner could not meet it (its best plan is still
     written, marked infeasible), 2 bad input.
     """
-    from planner.api import make_plan
-    from planner.registry import RunOptions
+    from planner.core.api import make_plan
+    from planner.core.registry import RunOptions
     from simulator.plan import save_plan
     from simulator.units import parse_budget
 
@@ -780,7 +680,7 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_li
         planner_name, given = "cswap", {"base": planner_name, "codec": codec}
         _note(f"--codec {codec}: planner cswap with base={given['base']}")
     if allow_lossy:
-        from planner.registry import get_planner
+        from planner.core.registry import get_planner
         if "allow_lossy" not in {p.name for p in get_planner(planner_name).params}:
             raise InputError("<argument>", "--allow-lossy", f"planner {planner_name!r} uses no lossy codecs "
                                                             "(gist and cswap do)")
@@ -803,7 +703,7 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_li
     else:
         click.echo(f"planner {planner_name} ({planned.plan.planner.status}): {len(planned.plan.actions)} actions "
                    f"in {planned.seconds:.3f} s" + (f", written to {output}" if output else ""))
-        _print_result(loaded.name, hardware.name, result, {key: summary[key] for key in
+        print_result(loaded.name, hardware.name, result, {key: summary[key] for key in
                                                           ("lower_bound_us", "gap_to_bound", "bound")})
     if not result.ok:
         raise click.exceptions.Exit(1)
@@ -842,7 +742,7 @@ def compare_cmd(profiles, planner_list, budgets, hardware_names, time_limit, job
     from compare.progress import ProgressLine
     from compare.report import write_report
     from compare.sweep import expand_cells, run_sweep
-    from planner.registry import planners
+    from planner.core.registry import planners
 
     names = [s.name for s in planners()] if planner_list.strip() == "all" else \
         [name.strip() for name in planner_list.split(",") if name.strip()]
@@ -857,7 +757,7 @@ def compare_cmd(profiles, planner_list, budgets, hardware_names, time_limit, job
     if as_json:
         _echo_json(outcome.rows)
     else:
-        _print_comparison(outcome.rows)
+        print_comparison(outcome.rows)
         click.echo(f"{outcome.ran} cells run, {outcome.resumed} already done; rows in "
                    f"{os.path.join(out, 'results.csv')}" + (f", report in {page}" if page else ""))
     for row in outcome.failed:
@@ -868,24 +768,6 @@ def compare_cmd(profiles, planner_list, budgets, hardware_names, time_limit, job
         raise click.exceptions.Exit(130)
     if outcome.failed:
         raise click.exceptions.Exit(1)
-
-
-def _print_comparison(rows: list[dict]) -> None:
-    """Per (profile, machine): overhead by planner and budget, the best per budget marked."""
-    from compare.report import bound_text, budget_label, cell_text, grids
-
-    for grid in grids(rows):
-        table = []
-        for planner in grid.planners:
-            line = [planner]
-            for budget in grid.budgets:
-                text = cell_text(grid.cells.get((planner, budget)))
-                line.append(f"[bold green]{text} *[/]" if planner in grid.best.get(budget, ()) else text)
-            table.append(line)
-        table.append(["[dim]lower bound[/]"] + [f"[dim]{bound_text(grid, b)}[/]" for b in grid.budgets])
-        click.echo(f"{grid.profile} on {grid.hardware}: overhead over the ideal iteration (* best per budget)")
-        _table(None, ["planner"] + [budget_label(grid, b) for b in grid.budgets], table,
-               right=set(range(1, len(grid.budgets) + 1)))
 
 
 @app.command("place")
@@ -905,7 +787,7 @@ def place_cmd(profile, plan, method, hardware_name, budget, output, as_json) -> 
 
     The placed plan is simulated; exit status 1 when its arena does not fit the budget.
     """
-    from planner.placement import place
+    from planner.core.placement import place
     from simulator.api import simulate as run_simulation
     from simulator.plan import save_plan
     from simulator.units import parse_budget
@@ -964,7 +846,7 @@ def variants_cmd(profile, source, output) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the planners and their parameters as JSON.")
 def planners_cmd(as_json: bool) -> None:
     """List the planners and their parameters."""
-    from planner.registry import planners
+    from planner.core.registry import planners
 
     specs = planners()
     if as_json:
@@ -1002,7 +884,7 @@ def hardware_cmd(as_json: bool) -> None:
                      f"{hw.pcie.h2d_gbps:g}/{hw.pcie.d2h_gbps:g} GB/s {hw.pcie.duplex}",
                      format_bytes(hw.host.memory_bytes), ssd,
                      f"{hw.cpu.tflops:g} TF, {hw.cpu.mem_gbps:g} GB/s" if hw.cpu else "-"])
-    _table(None, ["preset", "GPU memory", "FP32 TF", "FP16 TF", "HBM GB/s", "PCIe h2d/d2h",
+    table(None, ["preset", "GPU memory", "FP32 TF", "FP16 TF", "HBM GB/s", "PCIe h2d/d2h",
                   "host", "SSD read/write", "CPU (ops)"], rows, right={1, 2, 3, 4})
 
 
@@ -1014,7 +896,7 @@ def profiles_cmd(as_json: bool) -> None:
     if as_json:
         _echo_json(rows)
         return
-    _table(None, ["name", "ops", "tensors", "peak", "ideal", "source"],
+    table(None, ["name", "ops", "tensors", "peak", "ideal", "source"],
            [[r["name"], r["ops"], r["tensors"], format_bytes(r["peak_bytes"]), format_us(r["ideal_us"]),
              r["source"] or ""] for r in rows], right={1, 2, 3, 4})
 

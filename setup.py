@@ -1,5 +1,5 @@
 """Builds the optional C fast paths: the simulator's (simulator/_fastsim.c), UVM mode's
-(simulator/_fastuvm.c) and the swapadvisor decoder's (planner/swapadvisor/_fastdecode.c).
+(simulator/_fastuvm.c) and the swapadvisor decoder's (planner/search/swapadvisor/_fastdecode.c).
 
 Everything else is declared in pyproject.toml. The extensions are optional: without a
 C compiler the install still succeeds and the pure-Python paths are used.
@@ -13,6 +13,6 @@ setup(ext_modules=[
               **ARENA),
     Extension("simulator._fastuvm", sources=["simulator/_fastuvm.c"], optional=True, extra_compile_args=["-O2"],
               **ARENA),
-    Extension("planner.swapadvisor._fastdecode", sources=["planner/swapadvisor/_fastdecode.c"], optional=True,
+    Extension("planner.search.swapadvisor._fastdecode", sources=["planner/search/swapadvisor/_fastdecode.c"], optional=True,
               extra_compile_args=["-O2"], **ARENA),
 ])

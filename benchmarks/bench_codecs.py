@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.api import make_plan  # noqa: E402
+from planner.core.api import make_plan  # noqa: E402
 from simulator.errors import InfeasibleError  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402
 from simulator.profile import load_profile  # noqa: E402

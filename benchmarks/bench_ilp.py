@@ -37,8 +37,8 @@ def budgets(profile, hardware) -> list[tuple[str, int]]:
 def run_cell(args) -> dict:
     """One planner on one profile and budget, in this (fresh) process."""
     name, label, budget, planner, time_limit, threads = args
-    from planner.api import make_plan
-    from planner.registry import RunOptions
+    from planner.core.api import make_plan
+    from planner.core.registry import RunOptions
     from simulator.catalog import open_profile
     from simulator.hardware import load_hardware
     profile, hardware = open_profile(name), load_hardware("a100-40gb-pcie4")

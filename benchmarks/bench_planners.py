@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.analysis import budget_floor, uvm_floor  # noqa: E402
-from planner.api import make_plan  # noqa: E402
-from planner.registry import planners  # noqa: E402
+from planner.core.analysis import budget_floor, uvm_floor  # noqa: E402
+from planner.core.api import make_plan  # noqa: E402
+from planner.core.registry import planners  # noqa: E402
 from simulator.catalog import open_profile, shipped_profile_paths  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402
 

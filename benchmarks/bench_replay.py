@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from executor.api import replay  # noqa: E402
-from planner.api import make_plan  # noqa: E402
+from planner.core.api import make_plan  # noqa: E402
 from simulator.catalog import open_profile  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402
 from simulator.units import parse_budget  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.api import make_plan  # noqa: E402
+from planner.core.api import make_plan  # noqa: E402
 from simulator import fastuvm  # noqa: E402
 from simulator.api import Simulator  # noqa: E402
 from simulator.catalog import open_profile  # noqa: E402

@@ -110,7 +110,7 @@ def import_rows() -> list[Row]:
 def replay_rows() -> list[Row]:
     """The host replay's measured iteration and peak against the simulation."""
     from executor.api import replay
-    from planner.api import make_plan
+    from planner.core.api import make_plan
     from simulator.hardware import load_hardware
     from tracer.synthetic import synthesize
     hw = load_hardware("a100-40gb-pcie4")

@@ -128,7 +128,7 @@ def scaled(profile, factor: float):
 def run_workload(w: Workload, hardware, planners=PLANNERS, cache: Path | None = CACHE,
                  retrace: bool = False, g10_kernel_times: bool = False) -> dict:
     """One row: trace (or load), plan with each planner at the GPU's whole memory, simulate."""
-    from planner.api import make_plan
+    from planner.core.api import make_plan
     from simulator.errors import InfeasibleError, InputError
     say(f"[{w.name}] {'tracing' if retrace or cache is None else 'tracing or loading'} {w.model} "
         f"at batch {w.batch}, {'seq' if 'bert' in w.model else 'side'} {w.seq} ...")

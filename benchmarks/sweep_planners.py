@@ -2,7 +2,7 @@
 
 For every registered planner, every shipped profile, each hardware preset given and each
 budget of 90/70/50/30% of the profile's no-swap peak (capped at the GPU's memory), it calls
-``planner.api.make_plan`` and records one row:
+``planner.core.api.make_plan`` and records one row:
 
     profile, hardware, planner, fraction, budget_bytes, status, overhead, iteration_us, seconds,
     ideal_us, lower_bound_us and bound (the planner's kind of lower bound, when the engine has one)
@@ -33,9 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.analysis import budget_floor  # noqa: E402
-from planner.api import make_plan  # noqa: E402
-from planner.registry import planners  # noqa: E402
+from planner.core.analysis import budget_floor  # noqa: E402
+from planner.core.api import make_plan  # noqa: E402
+from planner.core.registry import planners  # noqa: E402
 from simulator.catalog import open_profile, shipped_profile_paths  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402
 

@@ -132,8 +132,8 @@ def run_cell(cell: Cell) -> tuple[dict, str | None]:
     ``error`` or ``timeout`` and the reason in ``error``; a budget below the planner's
     floor gives ``below-floor``.
     """
-    from planner.api import make_plan
-    from planner.registry import RunOptions
+    from planner.core.api import make_plan
+    from planner.core.registry import RunOptions
     from simulator.plan import plan_json
 
     row = empty_row(cell)

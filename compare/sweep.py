@@ -29,7 +29,7 @@ def expand_cells(profiles: Iterable[str], hardware: Iterable[str | None], planne
     """Every (profile, hardware, planner, budget), in that nesting order. Profiles,
     hardware, planners and budgets are checked here: bad input fails before any work.
     A hardware of None is the profile's own (as ``swapplan plan`` chooses it)."""
-    from planner.registry import get_planner
+    from planner.core.registry import get_planner
     from simulator.catalog import default_hardware, open_profile
     from simulator.hardware import load_hardware
     from simulator.units import parse_budget

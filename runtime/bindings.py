@@ -20,13 +20,14 @@ and a synthetic batch from the same seed.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.errors import InputError
 from simulator.hardware import load_hardware
 from simulator.profile import Profile
+from tracer.node_identity import FX_VERSION, flat_tensors
+from tracer.values import Values, seeded_values
 
 FX_FIELD_HINT = "trace it with runtime=True (swapplan trace --runtime)"
 
@@ -57,7 +58,7 @@ class Bindings:
     profile: Profile
     model: str
     graph_module: Any
-    capture: Any                  # tracer.torch_trace.Capture (fake values, the TrainStep)
+    capture: Any                  # tracer.capture.Capture (fake values, the TrainStep)
     ops: dict[str, OpBinding]
     tensors: dict[str, TensorBinding]
     op_of_node: dict[str, str]    # node name -> op id (kernel nodes only)
@@ -79,9 +80,9 @@ def _source_options(profile: Profile) -> dict:
     if source.get("kind") != "traced" or "fx" not in source:
         raise InputError(profile.origin, "source.fx",
                          f"profile {profile.name!r} has no node identity for a runtime; {FX_FIELD_HINT}")
-    if source.get("fx") != 1:
+    if source.get("fx") != FX_VERSION:
         raise InputError(profile.origin, "source.fx", f"unknown node identity version {source.get('fx')!r} "
-                                                      "(this swapplan reads version 1)")
+                                                      f"(this swapplan reads version {FX_VERSION})")
     if source.get("hf_config"):
         raise InputError(profile.origin, "source.hf_config",
                          "the runtime binds registered models and module:callable, not --hf-config profiles")
@@ -98,13 +99,11 @@ def bind(model_spec: str, profile: Profile) -> Bindings:
 
     Raises InputError for a profile without node identity, a model that traces to
     another profile, or a graph with an op that has no CPU kernel (and no emulation in
-    :mod:`runtime.kernels`).
+    :mod:`tracer.cpu_kernels`).
     """
-    import torch
-
-    from tracer import models
-    from tracer.torch_trace import _source, capture, lower
-    from runtime import kernels
+    from tracer import cpu_kernels, models
+    from tracer.capture import capture
+    from tracer.lowering import lower
 
     opts = _source_options(profile)
     if opts["model"] is not None and opts["model"] != model_spec:
@@ -127,11 +126,7 @@ def bind(model_spec: str, profile: Profile) -> Bindings:
                                                    f"({_first_difference(profile, again)})")
     gm = cap.graph_module
     nodes = {n.name: n for n in gm.graph.nodes}
-    kernels.install()
-    missing = sorted({_qualified(n.target) for n in gm.graph.nodes
-                      if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-                      and n.target.namespace == "aten"
-                      and not torch._C._dispatch_has_computed_kernel_for_dispatch_key(n.target.name(), "CPU")})
+    missing = cpu_kernels.missing(gm)
     if missing:
         raise InputError(profile.origin, "ops", f"{', '.join(missing)} has no CPU kernel: this profile cannot "
                                                 "run here (trace it with the CPU's kernels: --cpu-kernels)")
@@ -158,10 +153,6 @@ def bind(model_spec: str, profile: Profile) -> Bindings:
                     options=opts)
 
 
-def _qualified(target) -> str:
-    return f"{target.namespace}::{target.overloadpacket.__name__}.{target._overloadname}"
-
-
 def _first_difference(want: Profile, got: Profile) -> str:
     """Where two profiles first differ, in a few words."""
     if want.name != got.name or want.source != got.source:
@@ -173,24 +164,6 @@ def _first_difference(want: Profile, got: Profile) -> str:
             if a.to_dict() != b.to_dict():
                 return f"first at {key}[{i}] ({a.id})"
     return "they differ"
-
-
-def flat_tensors(value) -> list:
-    """The tensors of a node's value, flattened in order (the ``fx.output`` index)."""
-    import torch
-    out: list = []
-
-    def walk(v):
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, (list, tuple)):
-            for item in v:
-                walk(item)
-        elif isinstance(v, dict):
-            for item in v.values():
-                walk(item)
-    walk(value)
-    return out
 
 
 def _output_tensor(gm, profile: Profile, tensors: dict[str, TensorBinding]) -> str | None:
@@ -212,30 +185,6 @@ def _output_tensor(gm, profile: Profile, tensors: dict[str, TensorBinding]) -> s
 # ----------------------------------------------------------------------------- values
 
 
-@dataclass
-class Values:
-    """The persistent tensors of a step, real, as the graph takes them: parameters,
-    buffers, optimizer state (one list per state, aligned with the parameters) and the
-    batch. A step updates them in place."""
-    params: list
-    buffers: list
-    states: list
-    batch: list
-
-    def flat(self) -> list:
-        return [*self.params, *self.buffers, *(t for s in self.states for t in s), *self.batch]
-
-    def clone(self) -> "Values":
-        return Values([t.clone() for t in self.params], [t.clone() for t in self.buffers],
-                      [[t.clone() for t in s] for s in self.states], [t.clone() for t in self.batch])
-
-    def named(self, bindings: Bindings) -> dict:
-        """name -> tensor for every persistent tensor (the profile's tensor names)."""
-        names = {b.node.name: bindings.profile.tensor_by_id[tid].name or tid
-                 for tid, b in bindings.tensors.items() if b.role is not None}
-        return {names.get(node.name, node.name): value for node, value in zip(bindings.placeholders, self.flat())}
-
-
 def initial_values(bindings: Bindings, seed: int = 0) -> Values:
     """Real, seeded values for the graph's inputs: the model's own initialisation (a
     registered model built on the CPU; a user model as its callable builds it, a meta
@@ -252,78 +201,3 @@ def initial_values(bindings: Bindings, seed: int = 0) -> Values:
     workload = models.build(bindings.model, batch=opts["batch"], seq=opts["seq"], device="cpu")
     return seeded_values(bindings.capture, workload, optimizer=opts["optimizer"], amp=opts["amp"],
                          dtype=opts["dtype"], seed=seed)
-
-
-def seeded_values(capture, workload, *, optimizer: str = "adamw", amp: str | None = None, dtype: str = "fp32",
-                  seed: int = 0, optimizer_step: bool = True) -> Values:
-    """The values of :func:`initial_values` for a traced ``capture`` (its fake values give
-    the dtypes and shapes) from ``workload``, the same model built for a real run (on the
-    CPU, or on the meta device: then materialised) after ``torch.manual_seed(seed)``.
-
-    ``optimizer_step=False`` is for a run that stops before the optimizer: the parameters
-    are the module's own tensors where their dtype is the graph's (not copies), and every
-    optimizer state is a zero-stride stand-in of its shape (no memory: GPT-2's AdamW
-    moments would take 1 GB)."""
-    import torch
-
-    from tracer.torch_trace import _torch_dtype, state_names
-
-    step = capture.step
-    module = workload.module
-    _materialise(module)
-    dtype = _torch_dtype(amp or dtype)
-    state_dtype = torch.float32 if amp else dtype
-    named_params = dict(module.named_parameters(remove_duplicate=False))   # the graph's names, tied or not
-    named_buffers = dict(module.named_buffers(remove_duplicate=False))
-    fakes = capture
-    params = [_real(named_params[n], f.dtype, optimizer_step) for n, f in zip(step.param_names, fakes.params)]
-    buffers = [_real(named_buffers[n], f.dtype) for n, f in zip(step.buffer_names, fakes.buffers)]
-    states = []
-    for name in state_names(optimizer, amp):
-        if not optimizer_step:
-            stand_in = torch.zeros((), dtype=torch.float32 if name == "master" else state_dtype)
-            states.append([stand_in.expand(p.shape) for p in params])
-        elif name == "master":
-            states.append([p.detach().to(torch.float32).clone() for p in params])
-        else:
-            states.append([torch.zeros(p.shape, dtype=state_dtype) for p in params])
-    gen = torch.Generator().manual_seed(seed + 1)
-    batch = []
-    for (name, spec), fake in zip(workload.inputs.items(), fakes.batch):
-        if fake.dtype == torch.bool:
-            batch.append(torch.ones(fake.shape, dtype=torch.bool))
-        elif fake.is_floating_point():
-            batch.append(torch.randn(fake.shape, generator=gen).to(fake.dtype))
-        else:
-            high = spec.high or 2
-            batch.append(torch.randint(0, high, fake.shape, generator=gen, dtype=fake.dtype))
-    return Values(params, buffers, states, batch)
-
-
-def _real(tensor, dtype, copy: bool = True):
-    import torch
-    with torch.no_grad():
-        return tensor.detach().to(dtype=dtype, copy=copy).contiguous()
-
-
-def _materialise(module) -> None:
-    """Give a module built on the meta device real, seeded values: zeros, then each
-    submodule's ``reset_parameters`` (and transformers' ``init_weights``), then a
-    fan-in scaled normal for any matrix left all zero."""
-    import torch
-    if not any(t.is_meta for t in (*module.parameters(), *module.buffers())):
-        return
-    module.to_empty(device="cpu")
-    with torch.no_grad():
-        for t in (*module.parameters(), *module.buffers()):
-            t.zero_()
-        for sub in module.modules():
-            reset = getattr(sub, "reset_parameters", None)
-            if callable(reset):
-                reset()
-        init = getattr(module, "init_weights", None)
-        if callable(init) and hasattr(module, "config"):
-            init()
-        for p in module.parameters():
-            if p.dim() >= 2 and not p.any():
-                p.normal_(0.0, 1.0 / math.sqrt(max(1, p[0].numel())))

@@ -47,7 +47,10 @@ from simulator.errors import InputError, SwapplanError
 from simulator.hardware import Hardware, load_hardware
 from simulator.plan import Plan, empty_plan
 
-from .bindings import Bindings, Values, flat_tensors
+from tracer.node_identity import flat_tensors
+from tracer.values import Values
+
+from .bindings import Bindings
 
 
 class PlanRefused(SwapplanError):

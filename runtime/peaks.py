@@ -69,8 +69,8 @@ def peak_sweep(model: str, planner_names: Iterable[str], shares: Iterable[float]
     (bit-equality needs the same count in every run)."""
     import torch
 
-    from planner.api import make_plan
-    from planner.registry import RunOptions
+    from planner.core.api import make_plan
+    from planner.core.registry import RunOptions
     from tracer.torch_trace import trace
 
     from .bindings import bind, initial_values

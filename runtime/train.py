@@ -36,7 +36,7 @@ def train(model: str, *, planner: str | None = None, budget: str | int | None = 
     """
     import torch
 
-    from planner.api import make_plan
+    from planner.core.api import make_plan
     from tracer.torch_trace import DEFAULT_HARDWARE, trace
 
     if (plan is None) == (planner is None):

@@ -1,5 +1,5 @@
 /* The arena both C fast paths allocate from (simulator/_fastsim.c and
- * planner/swapadvisor/_fastdecode.c): every array of one call, freed together; the list
+ * planner/search/swapadvisor/_fastdecode.c): every array of one call, freed together; the list
  * of blocks grows as needed, and a failed allocation marks the arena failed. */
 #ifndef SWAPPLAN_ARENA_H
 #define SWAPPLAN_ARENA_H

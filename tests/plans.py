@@ -2,7 +2,7 @@
 longest idle gap between two uses."""
 from __future__ import annotations
 
-from planner import analysis
+from planner.core import analysis
 from simulator.plan import Action, Plan, offload, prefetch
 from simulator.profile import Profile, profile_sha256
 

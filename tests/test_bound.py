@@ -1,4 +1,4 @@
-"""The lower bound (planner/bound.py): hand-computed on the chain, and never above the
+"""The lower bound (planner/core/bound.py): hand-computed on the chain, and never above the
 simulated time of any plan of its kind."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.bound import lower_bound
+from planner.core.bound import lower_bound
 from simulator.api import Simulator
 from tests.engine_helpers import chain, machine
 from tests.plans import idle_gaps, swap_plan

@@ -6,10 +6,11 @@ import itertools
 
 import pytest
 
-from planner.api import make_plan, score
-from planner.checkmate import Formulation, build_graph, group, lower, recomputable
-from planner.chen import droppable, plan_chen, recompute_plan, segment_of
-from planner.registry import RunOptions
+from planner.core.api import make_plan, score
+from planner.core.checkpoint import droppable, recompute_plan, segment_of
+from planner.core.registry import RunOptions
+from planner.recompute.checkmate import Formulation, build_graph, group, lower, recomputable
+from planner.recompute.chen import plan_chen
 from simulator.catalog import open_profile
 from simulator.hardware import load_hardware
 from simulator.plan import plan_json

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from planner.api import make_plan
-from planner.compression import swap_seconds
+from planner.core.api import make_plan
+from planner.core.compression import swap_seconds
 from simulator.api import Simulator
 from simulator.codecs import compressed_bytes, zvc_ratio
 from simulator.errors import InputError

@@ -17,7 +17,7 @@ from cli import app
 from compare.cells import COLUMNS, run_cell
 from compare.report import grids
 from compare.sweep import expand_cells, run_sweep
-from planner.registry import REGISTRY, Draft, PlannerSpec
+from planner.core.registry import REGISTRY, Draft, PlannerSpec
 from simulator.errors import InputError
 
 PROFILE = "synth-transformer-l12-b16-s1024"

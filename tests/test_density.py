@@ -245,7 +245,7 @@ def test_only_what_the_counted_tensors_need_runs_and_counts_the_same():
     """At a smaller batch only activations are counted: the weight gradients and the
     optimizer step do not run and the optimizer state gets no memory, yet every count
     equals that of a run of every node (the in-place ReLU and accumulations included)."""
-    from runtime.bindings import seeded_values
+    from tracer.values import seeded_values
     from tracer import density, models
     from tracer.torch_trace import capture, lower
     from simulator.hardware import load_hardware

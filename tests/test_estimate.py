@@ -1,10 +1,10 @@
-"""planner.estimate.MemoryEstimate on a hand-made graph whose numbers can be checked by hand."""
+"""planner.core.estimate.MemoryEstimate on a hand-made graph whose numbers can be checked by hand."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from planner.estimate import MemoryEstimate
+from planner.core.estimate import MemoryEstimate
 from tests.conftest import make_profile
 
 # w: 10 B weight. f1: w -> a (100)   f2: a -> b (50)   f3: b -> c (20)   b1: c, a -> g (5)   u: g

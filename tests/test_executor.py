@@ -22,8 +22,8 @@ from executor.api import replay
 from executor.arena import Arena
 from executor.links import LinkBoard
 from executor.pattern import Patterns
-from planner.api import make_plan
-from planner.registry import RunOptions
+from planner.core.api import make_plan
+from planner.core.registry import RunOptions
 from simulator.api import simulate
 from simulator.hardware import load_hardware
 from simulator.plan import Plan, drop, offload, prefetch, recompute, save_plan

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from executor.api import replay
-from planner.api import make_plan
+from planner.core.api import make_plan
 from simulator.hardware import load_hardware
 from tracer.synthetic import synthesize
 

@@ -18,9 +18,9 @@ from executor.arena import ALIGN, PlacedArena, align
 from executor.host import HostBackend
 from executor.program import lower
 from executor.scheduler import scaled_bytes
-from planner.api import make_plan
-from planner.placement import place
-from planner.registry import RunOptions
+from planner.core.api import make_plan
+from planner.core.placement import place
+from planner.core.registry import RunOptions
 from simulator.api import Simulator, simulate
 from simulator.arena import Placement, allocation_keys
 from simulator.hardware import load_hardware
@@ -285,7 +285,7 @@ def test_a_held_range_names_its_holder_until_it_is_freed():
 
 
 def test_a_planner_that_places_its_plan_is_followed():
-    """vDNN++ plans carry their own placement (planner/vdnn_plus.py)."""
+    """vDNN++ plans carry their own placement (planner/swap/vdnn_plus.py)."""
     profile = synthesize("cnn", layers=2, batch=8)
     budget = int(profile.peak_bytes * 0.6)
     plan = planned(profile, "vdnn++", 0.6)

@@ -17,9 +17,9 @@ from functools import lru_cache
 
 import pytest
 
-from planner.api import make_plan
-from planner.deepum import deepum_actions
-from planner.oc_dnn import oc_dnn_actions
+from planner.core.api import make_plan
+from planner.uvm.deepum import deepum_actions
+from planner.uvm.oc_dnn import oc_dnn_actions
 from simulator import fastuvm
 from simulator.api import Simulator
 from simulator.catalog import open_profile

@@ -1,4 +1,4 @@
-"""The ILP planners (planner/ilp): the interval MILP against brute force on a tiny graph,
+"""The ILP planners (planner/search/ilp): the interval MILP against brute force on a tiny graph,
 zero overhead above the peak, prediction against simulation, never worse than the
 fallback, honest solver status, determinism."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import itertools
 import numpy as np
 import pytest
 
-from planner.api import make_plan
-from planner.ilp.intervals import MS, Formulation, candidates, decode
-from planner.registry import RunOptions
+from planner.core.api import make_plan
+from planner.search.ilp.intervals import MS, Formulation, candidates, decode
+from planner.core.registry import RunOptions
 from simulator.hardware import load_hardware
 from tests.conftest import make_profile
 from tests.engine_helpers import machine

@@ -10,10 +10,10 @@ from dataclasses import replace
 
 import pytest
 
-from planner.api import make_plan, score
-from planner.deeptm import aggregate, heat
-from planner.modnn import smallest_cover
-from planner.registry import RunOptions, get_planner
+from planner.core.api import make_plan, score
+from planner.search.deeptm import aggregate, heat
+from planner.swap.modnn import smallest_cover
+from planner.core.registry import RunOptions, get_planner
 from simulator.catalog import open_profile
 from simulator.errors import InfeasibleError
 from simulator.hardware import load_hardware
@@ -102,8 +102,8 @@ def test_modnn_starts_from_the_smallest_workspaces_when_the_defaults_cannot_fit(
 
 
 def test_the_floor_and_the_bound_with_variants():
-    from planner.analysis import budget_floor
-    from planner.bound import lower_bound
+    from planner.core.analysis import budget_floor
+    from planner.core.bound import lower_bound
     variants = [{"name": "small", "time_us": 2000, "workspace_bytes": 0},
                 {"name": "huge", "time_us": 100, "workspace_bytes": 5000}]
     profile, hw = conv_profile(workspace=3000, variants=variants), machine()

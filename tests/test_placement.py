@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from planner.placement import lowest_offset, place, place_blocks
+from planner.core.placement import lowest_offset, place, place_blocks
 from simulator.api import Simulator
 from simulator.arena import Placement, Ranges
 from simulator.plan import Plan, offload, prefetch
@@ -142,7 +142,7 @@ def test_placement_round_trips_through_json(tmp_path):
 
 
 def test_persistent_tensors_end_where_they_started():
-    from planner.api import make_plan
+    from planner.core.api import make_plan
     from simulator.hardware import load_hardware
     from tracer.synthetic import synthesize
     hw = load_hardware("a100-40gb-pcie4")

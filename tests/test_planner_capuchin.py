@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.analysis import budget_floor
-from planner.api import make_plan
+from planner.core.analysis import budget_floor
+from planner.core.api import make_plan
 from simulator.catalog import open_profile
 from simulator.hardware import load_hardware
 from simulator.plan import drop, offload, prefetch, recompute

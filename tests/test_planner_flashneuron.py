@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from planner.analysis import budget_floor
-from planner.api import make_plan
-from planner.flashneuron import activation_budget, choose_offloads, loss_position, offload_actions, offloadable
+from planner.core.analysis import budget_floor
+from planner.core.api import make_plan
+from planner.swap.flashneuron import activation_budget, choose_offloads, loss_position, offload_actions, offloadable
 from simulator.api import Simulator
 from simulator.hardware import hardware_from_dict
 from simulator.plan import Plan, offload, prefetch

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from planner.api import make_plan
-from planner.lms import Knobs, lms_actions, plan_lms, topological_levels
+from planner.core.api import make_plan
+from planner.swap.lms import Knobs, lms_actions, plan_lms, topological_levels
 from simulator.catalog import open_profile
 from simulator.api import simulate
 from simulator.hardware import load_hardware

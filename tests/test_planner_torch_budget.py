@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from planner.api import make_plan
-from planner.torch_budget import knapsack, recompute_cost_us
+from planner.core.api import make_plan
+from planner.recompute.torch_budget import knapsack, recompute_cost_us
 from simulator.profile import profile_from_dict
 from tests.conftest import profile_dict
 from tests.engine_helpers import machine

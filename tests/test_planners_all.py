@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from planner.analysis import budget_floor
-from planner.api import make_plan
-from planner.registry import Param, RunOptions, get_planner, planners
+from planner.core.analysis import budget_floor
+from planner.core.api import make_plan
+from planner.core.registry import Param, RunOptions, get_planner, planners
 from simulator.catalog import open_profile
 from simulator.errors import InfeasibleError, InputError
 from simulator.hardware import load_hardware

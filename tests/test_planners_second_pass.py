@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from planner.api import make_plan
-from planner.g10 import LinkTime
-from planner.lms import plan_lms
-from planner.registry import get_planner
-from planner.vdnn import plan_vdnn
+from planner.core.api import make_plan
+from planner.swap.g10 import LinkTime
+from planner.swap.lms import plan_lms
+from planner.core.registry import get_planner
+from planner.swap.vdnn import plan_vdnn
 from simulator.errors import InputError
 from simulator.plan import offload
 from tests.conftest import make_profile
@@ -113,7 +113,7 @@ def test_g10_places_transfers_in_the_link_time_left():
 def test_capuchin_replans_leaning_to_swaps_where_unsure_and_keeps_the_faster():
     # bert-base on an A100 at 40 GiB: the stall estimate prices swaps high enough that
     # phase 2 recomputes where swaps hide; the simulator prefers the swap-leaning replan
-    from planner.capuchin import _plan
+    from planner.swap.capuchin import _plan
     from simulator.catalog import open_profile, shipped_profile_paths
     from simulator.hardware import load_hardware
     path = next(p for p in shipped_profile_paths() if "bert-base" in p.name)

@@ -20,8 +20,8 @@ transformers = pytest.importorskip("transformers", reason="the tiny GPT-2 needs 
 from click.testing import CliRunner  # noqa: E402
 
 from cli import app  # noqa: E402
-from planner.api import make_plan  # noqa: E402
-from planner.registry import RunOptions, planners  # noqa: E402
+from planner.core.api import make_plan  # noqa: E402
+from planner.core.registry import RunOptions, planners  # noqa: E402
 from runtime import PlannedInterpreter, PlanRefused, bind, initial_values, reference_step  # noqa: E402
 from runtime.train import _differences  # noqa: E402
 from simulator.errors import InputError  # noqa: E402

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from planner import autoswap
-from planner.api import make_plan
-from planner.registry import get_planner
+from planner.swap import autoswap
+from planner.core.api import make_plan
+from planner.core.registry import get_planner
 from simulator.hardware import load_hardware
 from simulator.plan import plan_json
 from simulator.profile import profile_from_dict

@@ -1,4 +1,4 @@
-"""The swapadvisor planner (planner/swapadvisor): decoding always gives a valid plan,
+"""The swapadvisor planner (planner/search/swapadvisor): decoding always gives a valid plan,
 the genetic operators keep schedules valid, the search finds the brute-force optimum of
 its decodings on a tiny graph where reordering wins, it is never worse than its seeds,
 and it is deterministic: by seed, with a process pool and on a Dask cluster."""
@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.api import make_plan
-from planner.registry import RunOptions, get_planner
-from planner.swapadvisor.evaluate import Worker
-from planner.swapadvisor.schedule import Dag, eager_order
-from planner.swapadvisor import search
-from planner.swapadvisor.search import plan_swapadvisor
+from planner.core.api import make_plan
+from planner.core.registry import RunOptions, get_planner
+from planner.search.swapadvisor.evaluate import Worker
+from planner.search.swapadvisor.schedule import Dag, eager_order
+from planner.search.swapadvisor import search
+from planner.search.swapadvisor.search import plan_swapadvisor
 from simulator.catalog import open_profile
 from simulator.hardware import load_hardware
 from simulator.plan import Plan, plan_json

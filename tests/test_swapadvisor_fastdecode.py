@@ -1,4 +1,4 @@
-"""The swapadvisor decoder in C (planner/swapadvisor/_fastdecode.c) against the Python
+"""The swapadvisor decoder in C (planner/search/swapadvisor/_fastdecode.c) against the Python
 reference (Decoder.reference): the same Decoded (actions in the same order, schedule,
 initial placements, swaps, recomputes, bytes over budget) and the same rank, on the
 shipped GPT-2 and ResNet-50 profiles, small synthetic ones and random graphs, for the
@@ -10,17 +10,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.swapadvisor import decode
-from planner.swapadvisor.evaluate import Evaluator, Worker
-from planner.swapadvisor.schedule import Dag
-from planner.swapadvisor.search import Search
+from planner.search.swapadvisor import decode
+from planner.search.swapadvisor.evaluate import Evaluator, Worker
+from planner.search.swapadvisor.schedule import Dag
+from planner.search.swapadvisor.search import Search
 from simulator import fastpath
 from simulator.catalog import open_profile
 from simulator.hardware import load_hardware
 from tests.test_swapadvisor import MACHINES, graphs
 from tracer.synthetic import synthesize
 
-pytestmark = pytest.mark.skipif(not decode.available(), reason="the C decoder (planner/swapadvisor/_fastdecode.c) "
+pytestmark = pytest.mark.skipif(not decode.available(), reason="the C decoder (planner/search/swapadvisor/_fastdecode.c) "
                                 "is not built: no C compiler at install time")
 
 HW = load_hardware("a100-40gb-pcie4")

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="real runs need torch (the 'trace' extra)")
 
-from planner.registry import planners  # noqa: E402
+from planner.core.registry import planners  # noqa: E402
 from runtime.peaks import peak_sweep, peak_table  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from planner.api import make_plan
-from planner.deepum import deepum_actions
-from planner.oc_dnn import oc_dnn_actions
-from planner.sentinel import sentinel_actions
+from planner.core.api import make_plan
+from planner.uvm.deepum import deepum_actions
+from planner.uvm.oc_dnn import oc_dnn_actions
+from planner.swap.sentinel import sentinel_actions
 from simulator.api import Simulator, simulate
 from simulator.catalog import open_profile
 from simulator.errors import InfeasibleError, InputError

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from planner.api import make_plan
-from planner.zero import by_readiness, optimizer_ops
+from planner.core.api import make_plan
+from planner.offload.zero import by_readiness, optimizer_ops
 from simulator.errors import InputError
 from tests.conftest import TWO_LAYER_OPS, TWO_LAYER_TENSORS, make_profile
 from tests.engine_helpers import machine
@@ -76,7 +76,7 @@ def test_reorder_overlaps_the_cpu_step_with_backward():
     assert order[-2:] == ["copy2", "copy1"]
     out, plan = planned(profile, "zero-offload")
     assert plan["schedule"] == order and out.plan.planner.notes["variant"]["reorder"] is True
-    from planner.zero import Variant, _try
+    from planner.offload.zero import Variant, _try
     _, _, in_order = _try(profile, hw(), 10**6, False, Variant(reorder=False))
     assert out.result.iteration_us < in_order.iteration_us
 
@@ -84,7 +84,7 @@ def test_reorder_overlaps_the_cpu_step_with_backward():
 def test_new_weights_can_come_up_after_backward():
     """new_late: n2, made on the CPU while b1 runs, is copied up only after b1 (the last
     backward op), so that it takes no GPU memory during backward."""
-    from planner.zero import Variant, _try
+    from planner.offload.zero import Variant, _try
     _, (actions, _, _, _), result = _try(amp_step(), hw(), 10**6, False, Variant(new_late=True))
     assert result.ok, result.reason
     up = {a.tensor: (a.after, a.before) for a in actions if a.kind == "prefetch"}
@@ -114,7 +114,7 @@ def test_infinity_keeps_state_on_the_ssd_and_weights_in_host():
 def test_infinity_can_spill_gradients_to_the_ssd():
     """grads_to=ssd: each gradient goes to NVMe after backward makes it and is loaded into
     host memory for its step; the default (room in host memory) keeps them in host."""
-    from planner.zero import Variant, _try
+    from planner.offload.zero import Variant, _try
     profile = amp_step()
     _, (actions, _, _, _), result = _try(profile, hw(), 10**6, True, Variant(ahead=1, grads_to="ssd"))
     assert result.ok, result.reason

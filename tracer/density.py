@@ -3,7 +3,7 @@ CPU step, or read from a file (docs/tracing.md, "Sparsity").
 
 ``measure(...)`` runs one real training step of the traced FX graph (forward, loss,
 backward, optimizer) on the CPU with the model's own seeded initial weights, fresh
-optimizer state and a seeded synthetic batch (:func:`runtime.bindings.seeded_values`),
+optimizer state and a seeded synthetic batch (:func:`tracer.values.seeded_values`),
 node by node in graph order, as :mod:`runtime` runs it (CUDA-only attention through its
 CPU emulation; an ``inplace_accumulate`` add in place into its first argument, so that a
 gradient's storage holds what the profile says it holds). Each profile tensor is one
@@ -241,13 +241,14 @@ def measure(capture, tensors: list, ops: list, workload, *, optimizer: str = "ad
     wanted, or whose storage the step never held).
 
     Raises InputError when the graph has an op with no CPU kernel (and no emulation in
-    :mod:`runtime.kernels`).
+    :mod:`tracer.cpu_kernels`).
     """
     import torch
     from torch.fx import Interpreter
 
-    from runtime import kernels
-    from runtime.bindings import flat_tensors, seeded_values
+    from tracer import cpu_kernels
+    from tracer.node_identity import flat_tensors
+    from tracer.values import seeded_values
 
     gm = capture.graph_module
     _check_cpu_kernels(gm)
@@ -319,7 +320,7 @@ def measure(capture, tensors: list, ops: list, workload, *, optimizer: str = "ad
             return result
 
     last_placeholder = placeholders[-1] if placeholders else None
-    kernels.install()
+    cpu_kernels.install()
     torch.manual_seed(seed)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -343,7 +344,7 @@ def needed_nodes(gm, terminals, inplace=frozenset()) -> set[str]:
     stream is drawn as in the whole step. A run of these nodes alone gives the terminals
     the values a run of every node gives them (a weight's gradient, the optimizer step,
     are left out when nothing counted depends on them)."""
-    from tracer.torch_trace import _is_random
+    from tracer.node_identity import is_random
 
     nodes = list(gm.graph.nodes)
     if not terminals:
@@ -356,7 +357,7 @@ def needed_nodes(gm, terminals, inplace=frozenset()) -> set[str]:
         written = _written_storages(node, inplace)
         if written:
             writes[node.name] = written
-        if node.op == "call_function" and _is_random(node.target):
+        if node.op == "call_function" and is_random(node.target):
             stack.append(node.name)
     needed: set[str] = set()
     held: set = set()   # storages of the needed nodes' values
@@ -376,8 +377,8 @@ def needed_nodes(gm, terminals, inplace=frozenset()) -> set[str]:
 def _storages(value) -> set:
     """Storage identities of the (fake) tensors in a node's value (the tracer's own
     identity of a tensor: one per storage)."""
-    from tracer.torch_trace import _tensors_in
-    return {t.untyped_storage()._cdata for t in _tensors_in(value, [])}
+    from tracer.node_identity import flat_tensors
+    return {t.untyped_storage()._cdata for t in flat_tensors(value)}
 
 
 def _written_storages(node, inplace) -> set:
@@ -385,15 +386,15 @@ def _written_storages(node, inplace) -> set:
     arguments, batch norm's running statistics; its first argument for ``inplace``)."""
     import torch
 
-    from tracer.torch_trace import _values, _written_args
+    from tracer.node_identity import node_values, written_args
     if node.op != "call_function":
         return set()
     if node.name in inplace:
-        return _storages(_values(node.args[0]))
+        return _storages(node_values(node.args[0]))
     if not isinstance(node.target, torch._ops.OpOverload):
         return set()
-    args, kwargs = _values((node.args, node.kwargs))
-    return _storages(_written_args(node.target, args, kwargs))
+    args, kwargs = node_values((node.args, node.kwargs))
+    return _storages(written_args(node.target, args, kwargs))
 
 
 def _reads_states(placeholders: list, capture, needed: set[str]) -> bool:
@@ -436,15 +437,9 @@ class _Counted(Exception):
 
 
 def _check_cpu_kernels(gm) -> None:
-    import torch
-
-    from runtime import kernels
-    kernels.install()
-    missing = sorted({f"{n.target.namespace}::{n.target.overloadpacket.__name__}.{n.target._overloadname}"
-                      for n in gm.graph.nodes
-                      if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-                      and n.target.namespace == "aten"
-                      and not torch._C._dispatch_has_computed_kernel_for_dispatch_key(n.target.name(), "CPU")})
+    """InputError when an op of the graph has no CPU kernel here (:func:`tracer.cpu_kernels.missing`)."""
+    from tracer import cpu_kernels
+    missing = cpu_kernels.missing(gm)
     if missing:
         raise InputError("<argument>", "density", f"{', '.join(missing)} {'has' if len(missing) == 1 else 'have'} "
                                                   "no CPU kernel: densities cannot be measured here (trace with "

@@ -1,0 +1,129 @@
+"""What the command line prints for people: tables, a simulation's result, a replay's and a
+training run's report, a comparison (cli.py parses and calls; this module only formats)."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from simulator.units import format_bytes, format_us
+
+
+def table(title: str | None, columns: list[str], rows: list[list], right: set[int] = frozenset()) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, box=None, title_justify="left", header_style="bold", pad_edge=False)
+    for k, column in enumerate(columns):
+        table.add_column(column, justify="right" if k in right else "left", no_wrap=True)
+    for row in rows:
+        table.add_row(*[str(cell) for cell in row])
+    # Not a terminal (a pipe, a file): never wrap or cut rows.
+    width = None if sys.stdout.isatty() else 400
+    Console(highlight=False, width=width).print(table)
+
+
+def print_result(profile_name: str, hardware_name: str, result, bound: dict | None = None) -> None:
+    status = "ok" if result.ok else ("INVALID" if not result.valid else "INFEASIBLE")
+    click.echo(f"{profile_name} on {hardware_name}, budget {format_bytes(result.budget_bytes)}: {status}")
+    if not result.ok:
+        click.echo(f"  {result.rule}: {result.reason}" if result.reason else f"  {result.rule} at op {result.op}")
+        if result.valid:
+            click.echo(f"  stopped at {format_us(result.iteration_us)}; peak {format_bytes(result.peak_bytes)}")
+        return
+    click.echo(f"  iteration  {format_us(result.iteration_us)}  (ideal {format_us(result.ideal_us)}, "
+               f"overhead {result.overhead * 100:.2f}%)")
+    if bound is not None and bound["lower_bound_us"] is not None:
+        click.echo(f"  bound      {format_us(bound['lower_bound_us'])}  (no {bound['bound']} plan is faster; "
+                   f"this one is {bound['gap_to_bound'] * 100:.2f}% above it)")
+    click.echo(f"  compute    {format_us(result.compute_us)}  (recompute {format_us(result.recompute_us)})")
+    if result.cpu_us:
+        click.echo(f"  cpu        {format_us(result.cpu_us)}  (ops on the host CPU, R24-R28)")
+    click.echo(f"  stalls     {format_us(result.stall_us)}  (data {format_us(result.stall_data_us)}, "
+               f"memory {format_us(result.stall_memory_us)}), tail {format_us(result.tail_us)}")
+    if result.faults or result.evictions:
+        click.echo(f"  uvm        {result.faults} fault batches ({format_bytes(result.fault_bytes)}, stalled "
+                   f"{format_us(result.stall_fault_us)}), {result.evictions} blocks evicted "
+                   f"({format_bytes(result.writeback_bytes)} written back)")
+    click.echo(f"  peak       {format_bytes(result.peak_bytes)} at {format_us(result.peak_at_us)}")
+    if result.arena_bytes is not None:
+        click.echo(f"  arena      {format_bytes(result.arena_bytes)} (fragmentation {result.fragmentation:.3f}: "
+                   "arena extent over peak live bytes)")
+    if result.codec_us:
+        click.echo(f"  codecs     {format_us(result.codec_us)} of encode and decode kernels"
+                   + (f"; lossy: {len(result.lossy_tensors)} tensors" if result.lossy_tensors else ""))
+    moved = [f"{link} {format_bytes(nbytes)} ({result.link_utilisation[link] * 100:.1f}% busy)"
+             for link, nbytes in result.link_bytes.items() if nbytes]
+    click.echo("  links      " + (", ".join(moved) if moved else "nothing moved"))
+    if result.host_peak_bytes or result.ssd_peak_bytes:
+        click.echo(f"  off-GPU    host peak {format_bytes(result.host_peak_bytes)}, "
+                   f"ssd peak {format_bytes(result.ssd_peak_bytes)}")
+    worst = sorted(result.stall_by_op.items(), key=lambda kv: -sum(kv[1].values()))[:5]
+    if worst:
+        click.echo("  most stalled: " + ", ".join(f"{op} {format_us(sum(s.values()))}" for op, s in worst))
+
+
+def print_replay(r: dict) -> None:
+    status = "ok" if r["ok"] else "FAILED"
+    click.echo(f"replay of {r['planner']}'s plan for {r['profile']} on {r['hardware']}, budget "
+               f"{format_bytes(r['budget_bytes'])}: {status}")
+    click.echo(f"  {r['backend']} backend, time x{r['time_scale']:g}, size x{r['size_scale']:g}; "
+               f"{r['wall_s']:.2f} s of real time")
+
+    def err(value):
+        return "" if value is None else f"{value * 100:+.2f}%"
+
+    def us(value):
+        return "-" if value is None else format_us(value)
+
+    rows = [["iteration", format_us(r["iteration_us"]), us(r["predicted_us"]), err(r["relative_error"])],
+            ["compute", format_us(r["compute_us"]), us(r["predicted_compute_us"]), ""],
+            ["stalls", format_us(r["stall_us"]), us(r["predicted_stall_us"]), ""],
+            ["tail", format_us(r["tail_us"]), us(r["predicted_tail_us"]), ""],
+            ["peak", format_bytes(r["peak_bytes"]),
+             "-" if r["predicted_peak_bytes"] is None else format_bytes(r["predicted_peak_bytes"]),
+             err(r["peak_relative_error"])]]
+    for link, nbytes in r["link_bytes"].items():
+        predicted = (r["predicted_link_bytes"] or {}).get(link)
+        if nbytes or predicted:
+            rows.append([link, format_bytes(nbytes), "-" if predicted is None else format_bytes(predicted),
+                         err((r["link_relative_error"] or {}).get(link))])
+    table(None, ["", "measured", "predicted", "error"], rows, right={1, 2, 3})
+    click.echo(f"  region     {format_bytes(r['arena_bytes'])}: peak {format_bytes(r['peak_arena_bytes'])} live, "
+               f"extent {format_bytes(r['peak_extent_bytes'])}, fragmentation {r['fragmentation']:.3f}"
+               + (f", {r['compactions']} compactions" if r["compactions"] else ""))
+    click.echo(f"  integrity  {r['integrity']}")
+    if r["late_us"] > 0.01 * max(r["iteration_us"], 1e-9):
+        click.echo(f"  note: the checks of {r['late_items']} items outlasted their scaled time by "
+                   f"{format_us(r['late_us'])} in all (a smaller --size-scale or a larger --time-scale makes "
+                   "them fit)")
+
+
+def print_train(r: dict) -> None:
+    secs = r["seconds_per_step"]
+    click.echo(f"train {r['model']} ({r['profile']}), {r['steps']} step(s), {r['planner']} plan on {r['hardware']}: "
+               f"{'bit-equal' if r['bit_equal'] else 'NOT bit-equal: ' + ', '.join(r['differences'])}")
+    click.echo(f"  peak {format_bytes(r['peak_bytes'])} of budget {format_bytes(r['budget_bytes'])} (simulated "
+               f"{format_bytes(r['simulated_peak_bytes'])}, no-swap {format_bytes(r['profile_peak_bytes'])}); "
+               f"host peak {format_bytes(r['host_peak_bytes'])}")
+    unplanned = "-" if secs["unplanned"] is None else f"{secs['unplanned']:.3f}"
+    click.echo(f"  actions {r['actions_applied']}/{r['actions_total']} applied; seconds per step: planned "
+               f"{secs['planned']:.3f}, unplanned {unplanned}, reference {secs['reference']:.3f}")
+
+
+def print_comparison(rows: list[dict]) -> None:
+    """Per (profile, machine): overhead by planner and budget, the best per budget marked."""
+    from compare.report import bound_text, budget_label, cell_text, grids
+
+    for grid in grids(rows):
+        table = []
+        for planner in grid.planners:
+            line = [planner]
+            for budget in grid.budgets:
+                text = cell_text(grid.cells.get((planner, budget)))
+                line.append(f"[bold green]{text} *[/]" if planner in grid.best.get(budget, ()) else text)
+            table.append(line)
+        table.append(["[dim]lower bound[/]"] + [f"[dim]{bound_text(grid, b)}[/]" for b in grid.budgets])
+        click.echo(f"{grid.profile} on {grid.hardware}: overhead over the ideal iteration (* best per budget)")
+        table(None, ["planner"] + [budget_label(grid, b) for b in grid.budgets], table,
+               right=set(range(1, len(grid.budgets) + 1)))

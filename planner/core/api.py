@@ -1,0 +1,141 @@
+"""``make_plan``: run a registered planner, score its plan with the simulator, and
+return the Plan with its prediction filled in. The one path every planner goes through."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+
+from simulator.api import simulate
+from simulator.engine import check_budget
+from simulator.errors import InfeasibleError
+from simulator.hardware import Hardware
+from simulator.plan import Plan, PlannerInfo
+from simulator.profile import Profile, profile_sha256
+from simulator.result import Result
+
+from .analysis import budget_floor, uvm_floor
+from .bound import Bound, bound_fields, lower_bound
+from .grouping import group_actions
+from .registry import RunOptions, get_planner
+
+
+@dataclass
+class Planned:
+    """A plan, the simulator's verdict on it, and how long planning took (wall clock;
+    reported, not stored in the plan, so that plans are byte-identical run to run)."""
+    plan: Plan
+    result: Result
+    seconds: float
+
+
+def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: str = "none",
+              params: dict | None = None, seed: int = 0, options: RunOptions | None = None,
+              group: bool = False) -> Planned:
+    """Plan ``profile`` for ``hardware`` within ``budget_bytes`` with the named planner.
+
+    The plan's ``planner`` block is the planner report: its status (the planner's own
+    verdict unless the simulator finds the plan infeasible or invalid, which it then
+    says), parameters, seed, notes, its own estimate when it has one, and the lower
+    bound for this budget (planner/core/bound.py) with the plan's gap to it; ``predicted``
+    holds the simulator's figures. ``group`` aggregates the plan's transfers issued
+    together into groups (R53, planner/core/grouping.py), kept only if the simulator finds
+    the grouped plan no slower (the notes say which).
+
+    Raises InputError for an unknown planner or parameter or a budget above the GPU's
+    memory, and InfeasibleError for a budget below the floor no plan of this planner can
+    meet.
+    """
+    spec = get_planner(planner)
+    resolved = spec.resolve(params or {})
+    options = options or RunOptions(seed=seed)
+    check_budget(budget_bytes, hardware)
+    if spec.memory == "uvm":
+        floor, floor_op = uvm_floor(profile, hardware.uvm.block_bytes, hardware.uvm.fault_batch_blocks)
+    else:
+        floor, floor_op = budget_floor(profile, spec.moves_persistent, spec.cpu_phases,
+                                       variants=spec.chooses_variants(resolved))
+    if budget_bytes < floor:
+        why = (f"op {floor_op!r} needs its working set, and weights and optimizer state stay on the GPU"
+               if not spec.moves_persistent else f"the working set of op {floor_op!r}")
+        if spec.memory == "uvm":
+            why = f"op {floor_op!r} needs its outputs, its workspace and one fault batch on the GPU (R32)"
+        raise InfeasibleError(f"budget: {budget_bytes} bytes is below the smallest budget planner {planner!r} can "
+                              f"meet: {floor} bytes ({why})")
+    started = time.perf_counter()
+    draft = spec.func(profile, hardware, budget_bytes, options=options, **resolved)
+    seconds = time.perf_counter() - started
+    plan = Plan(profile_name=profile.name, profile_sha256=profile_sha256(profile),
+                actions=tuple(draft.actions), hardware=hardware.name, budget_bytes=budget_bytes,
+                schedule=None if draft.schedule is None else tuple(draft.schedule),
+                initial=dict(draft.initial), cpu_ops=tuple(draft.cpu_ops), memory=draft.memory,
+                read_mostly=tuple(draft.read_mostly), uvm_backing=draft.uvm_backing, allow_lossy=draft.allow_lossy,
+                variants=dict(draft.variants), placement=draft.placement)
+    result = simulate(profile, plan, hardware, budget_bytes)  # the plan as exported
+    if group and plan.memory == "explicit":
+        plan, result = _grouped(profile, hardware, budget_bytes, plan, result, draft.notes)
+    bound = lower_bound(profile, hardware, budget_bytes, recompute=spec.recomputes,
+                        moves_persistent=spec.moves_persistent, cpu_ops=plan.uses_cpu, uvm=plan.uvm,
+                        codecs=plan.uses_codecs, variants=spec.chooses_variants(resolved) or bool(plan.variants))
+    status = draft.status if result.ok else ("invalid" if not result.valid else "infeasible")
+    plan.planner = PlannerInfo(name=planner, params=resolved, status=status, gap=draft.gap, seed=options.seed,
+                               notes=_plain(draft.notes), estimate_us=draft.estimate_us,
+                               lower_bound_us=bound.value_us,
+                               bound=bound.kind)
+    plan.predicted = prediction(result, bound)
+    return Planned(plan, result, seconds)
+
+
+def _grouped(profile, hardware, budget_bytes, plan, result, notes: dict):
+    """R53 for any planner: the plan with its transfers grouped, if that is no slower."""
+    actions, groups, members = group_actions(list(plan.actions), hardware)
+    if not groups:
+        notes["group"] = "nothing to group (no transfers issued together, or no latency to save)"
+        return plan, result
+    grouped = replace(plan, actions=tuple(actions))
+    tried = simulate(profile, grouped, hardware, budget_bytes)
+    if tried.ok and (not result.ok or tried.iteration_us <= result.iteration_us):
+        notes["group"] = {"groups": groups, "members": members, "ungrouped_us": result.iteration_us if result.ok
+                          else None}
+        return grouped, tried
+    notes["group"] = (f"kept ungrouped: grouping {members} transfers into {groups} groups "
+                      f"{'does not run' if not tried.ok else 'is slower'} ({tried.iteration_us:.0f} us)")
+    return plan, result
+
+
+def score(profile: Profile, hardware: Hardware, budget_bytes: int, actions, initial: dict | None = None,
+          schedule=None, cpu_ops=(), memory: str = "explicit", read_mostly=(), allow_lossy: bool = False,
+          variants: dict | None = None, placement=None) -> Result:
+    """Simulate a candidate set of actions: how planners with a feedback loop or a tuner
+    judge their own candidates."""
+    plan = Plan(profile_name=profile.name, profile_sha256=profile_sha256(profile), actions=tuple(actions),
+                initial=dict(initial or {}), schedule=None if schedule is None else tuple(schedule),
+                cpu_ops=tuple(cpu_ops), memory=memory, read_mostly=tuple(read_mostly), allow_lossy=allow_lossy,
+                variants=dict(variants or {}), placement=placement)
+    return simulate(profile, plan, hardware, budget_bytes)
+
+
+def fits(profile: Profile, hardware: Hardware, budget_bytes: int, actions) -> bool:
+    """Does the simulator run these actions valid and within the budget?"""
+    return score(profile, hardware, budget_bytes, actions).ok
+
+
+def prediction(result: Result, bound: Bound | None = None) -> dict:
+    """The ``predicted`` block of an exported plan: the simulator's figures, and the
+    lower bound with the plan's gap to it (None when the plan does not run or the
+    bound says no plan of its kind fits)."""
+    data = {"valid": result.valid, "feasible": result.feasible, "iteration_us": result.iteration_us,
+            "overhead": result.overhead, "peak_bytes": result.peak_bytes, "stall_us": result.stall_us,
+            "bytes_h2d": result.bytes_h2d, "bytes_d2h": result.bytes_d2h,
+            "bytes_ssd_read": result.bytes_ssd_read, "bytes_ssd_write": result.bytes_ssd_write}
+    if bound is not None:
+        fields = bound_fields(bound, result)
+        data.update(lower_bound_us=fields["lower_bound_us"], gap_to_bound=fields["gap_to_bound"])
+    if not result.ok:
+        data.update(rule=result.rule, op=result.op, tensor=result.tensor, reason=result.reason)
+    return data
+
+
+def _plain(notes: dict) -> dict:
+    """Notes as plain JSON data (numpy numbers and tuples become floats, ints, lists)."""
+    return json.loads(json.dumps(notes, default=lambda v: v.item() if hasattr(v, "item") else str(v)))

@@ -1,0 +1,207 @@
+"""The planner registry: every planner is a plain function registered by name with the
+parameters it takes, so the command line can list them and check what users pass.
+
+A planner function has the signature
+
+    def my_planner(profile, hardware, budget_bytes, *, options: RunOptions, **params) -> Draft
+
+and returns a Draft (its actions, and optionally a schedule, initial placements, its own
+estimate and notes); ``planner.core.api.make_plan`` turns it into a Plan, scored by the
+simulator, with a lower bound beside it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import math
+from typing import Any, Callable
+
+from simulator.errors import InputError
+from simulator.plan import Action
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a planner: its default, a line of help and the values it takes.
+
+    The type is the default's (int, float, bool or str), or ``kind`` when the default is
+    None (an optional value). ``choices`` limits a str; ``low`` / ``high`` bound a number
+    (inclusive), and ``also`` lists special numbers outside them (-1: auto-tune).
+    """
+    name: str
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    also: tuple = ()
+    kind: type | None = None
+
+    @property
+    def type(self) -> type:
+        return self.kind or type(self.default)
+
+    def describe(self) -> str:
+        """The values it takes, for help text: ``one of a, b``, ``0 to 1``, ``>= 1 or -1``."""
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if self.low is None and self.high is None:
+            return self.type.__name__
+        if self.high is None:
+            text = f">= {self.low:g}"
+        elif self.low is None:
+            text = f"<= {self.high:g}"
+        else:
+            text = f"{self.low:g} to {self.high:g}"
+        return text + "".join(f" or {v:g}" for v in self.also)
+
+    def parse(self, value: Any, planner: str) -> Any:
+        """Coerce a value (a string from the command line, or a Python value) to the type
+        and check it is one the parameter takes; InputError otherwise."""
+        where = f"--param {planner}.{self.name}"
+        kind = self.type
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if self.default is None:
+                return None
+            raise InputError("<argument>", where, f"expected {kind.__name__}, got {value!r}")
+        try:
+            if kind is bool:
+                if isinstance(value, str):
+                    if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                        raise ValueError
+                    value = value.lower() in ("true", "1", "yes")
+                elif not isinstance(value, bool):
+                    raise ValueError
+            elif kind is int:
+                if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                    raise ValueError
+                value = int(value)
+            elif kind is float:
+                if isinstance(value, bool):
+                    raise ValueError
+                value = float(value)
+                if not math.isfinite(value):
+                    raise ValueError
+            else:
+                value = str(value)
+        except (TypeError, ValueError, OverflowError):
+            raise InputError("<argument>", where, f"expected a finite {kind.__name__}, got {value!r}") from None
+        if self.choices is not None and value not in self.choices:
+            raise InputError("<argument>", where, f"{value!r} is not one of {', '.join(self.choices)}")
+        if kind in (int, float) and value not in self.also:
+            if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
+                raise InputError("<argument>", where, f"{value!r} is out of range (expected {self.describe()})")
+        return value
+
+
+STATUSES = ("optimal", "feasible", "heuristic", "fallback", "infeasible", "invalid")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How any planner runs: its seed, a time limit (seconds; planners that search stop
+    by then and return their best), threads for solvers, and a progress callback that
+    receives short lines (the CLI prints them on stderr)."""
+    seed: int = 0
+    time_limit: float | None = None
+    threads: int = 1
+    progress: Callable[[str], None] | None = None
+
+    def say(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress(text)
+
+
+DEFAULT_OPTIONS = RunOptions()
+
+
+@dataclass
+class Draft:
+    """What a planner decided, before it is scored: actions in the order a runtime issues
+    them, and optionally an op schedule, persistent tensors that start off the GPU and
+    ops that run on the host CPU.
+
+    ``status`` is the planner's own verdict (one of STATUSES: a solver's ``optimal`` or
+    ``feasible``, a greedy's ``heuristic``, ``fallback`` when it left its own rules to
+    fit); the simulator has the last word. ``estimate_us`` is the planner's own
+    prediction of the iteration time, when it has a cost model that gives one.
+    """
+    actions: list[Action] = field(default_factory=list)
+    schedule: list[str] | None = None
+    initial: dict[str, str] = field(default_factory=dict)
+    cpu_ops: tuple[str, ...] = ()  # ops run on the host CPU (R24)
+    memory: str = "explicit"       # "uvm": the plan runs in managed memory (R30-R37)
+    read_mostly: tuple[str, ...] = ()  # UVM: tensors advised read-mostly (R34)
+    uvm_backing: str | None = None     # UVM: "ssd" backs managed memory with a file (R35)
+    allow_lossy: bool = False          # the plan may use lossy codecs (R40)
+    variants: dict = field(default_factory=dict)   # op id -> the variant it runs (R52)
+    placement: Any = None              # an offset per GPU allocation (R50; simulator.arena.Placement)
+    status: str = "heuristic"
+    gap: float | None = None      # for solvers: the optimality gap
+    estimate_us: float | None = None
+    notes: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlannerSpec:
+    """A registered planner."""
+    name: str
+    func: Callable[..., Draft]
+    summary: str
+    params: tuple[Param, ...] = ()
+    moves_persistent: bool = False  # may it move weights and optimizer state?
+    paper: str = ""
+    recomputes: bool = False        # may it recompute (which lower bound applies)?
+    cpu_phases: tuple[str, ...] = ()  # phases whose ops it may run on the host CPU (R24)
+    memory: str = "explicit"        # "uvm": its plans run in managed memory (R30-R37)
+    variants: str | None = None     # the parameter that lets it choose op variants (R52), if it may
+
+    def chooses_variants(self, resolved: dict[str, Any]) -> bool:
+        """Whether a run with these (resolved) parameters may choose op variants."""
+        return self.variants is not None and bool(resolved.get(self.variants))
+
+    def resolve(self, given: dict[str, Any]) -> dict[str, Any]:
+        """Defaults overlaid with ``given`` (checked and coerced). Unknown names are errors."""
+        known = {p.name: p for p in self.params}
+        for key in given:
+            if key not in known:
+                names = ", ".join(known) or "none"
+                raise InputError("<argument>", f"--param {key}",
+                                 f"planner {self.name!r} has no parameter {key!r} (parameters: {names})")
+        return {name: (p.parse(given[name], self.name) if name in given else p.default)
+                for name, p in known.items()}
+
+
+REGISTRY: dict[str, PlannerSpec] = {}
+
+
+def register(name: str, summary: str, params: tuple[Param, ...] = (), moves_persistent: bool = False,
+             paper: str = "", recomputes: bool = False, cpu_phases: tuple[str, ...] = (), memory: str = "explicit",
+             variants: str | None = None):
+    """Decorator: register a planner function under ``name`` (``variants``: the name of
+    its boolean parameter that lets it choose op variants, for a planner that may)."""
+    def wrap(func: Callable[..., Draft]) -> Callable[..., Draft]:
+        if name in REGISTRY:
+            raise ValueError(f"planner {name!r} registered twice")
+        REGISTRY[name] = PlannerSpec(name, func, summary, tuple(params), moves_persistent, paper, recomputes,
+                                     tuple(cpu_phases), memory, variants)
+        return func
+    return wrap
+
+
+def get_planner(name: str) -> PlannerSpec:
+    """The planner called ``name``; InputError listing the known ones otherwise."""
+    _load_all()
+    if name not in REGISTRY:
+        raise InputError("<argument>", "planner", f"unknown planner {name!r} (planners: {', '.join(sorted(REGISTRY))})")
+    return REGISTRY[name]
+
+
+def planners() -> list[PlannerSpec]:
+    """Every registered planner, by name."""
+    _load_all()
+    return [REGISTRY[name] for name in sorted(REGISTRY)]
+
+
+def _load_all() -> None:
+    """Import the planner modules (each registers itself)."""
+    from . import catalog  # noqa: F401

@@ -1,0 +1,517 @@
+"""The interval MILP every ILP planner here shares: one choice per idle interval of a
+tensor (keep it, or move it to a tier and back), with its release and its prefetch
+chosen within a window of ops, memory counted at every op over the budget, and the
+copies placed as continuous amounts of link time in the steps between.
+
+Ops run in the profile's default order on the ideal timeline; step i is op i's run.
+For an idle interval of tensor x (last touched by op a, next by op b) moved to tier k:
+
+- ``Y[r]`` (binary, non-decreasing in r): x is off the GPU from op r on, r in
+  [a+2, a+1+W]: its offload, issued when a ends, ran in the steps a+1 .. r-1.
+- ``Z[f]`` (binary, non-decreasing in f): its prefetch has been issued after op f,
+  f in [b-1-W, b-2]: x is on the GPU again from op f+1 (memory is taken at issue, R12
+  takes it at the copy's start: the model never has less in memory than the plan), and
+  the copy runs in the steps f+1 .. b-1. ``Y`` at its last r equals ``Z`` at its last f
+  (the interval is moved or not), and Z[j] <= Y[j] (x leaves before it is fetched).
+- ``u[i]``, ``v[i]`` (continuous, in us of the copy's own stream time: latency + bytes /
+  the route's rate): how much of the offload runs in step i (only before release:
+  u[i] <= D_out (1 - Y[i])), and of the prefetch (only after issue: v[i] <= D_in Z[i-1]);
+  they sum to D_out Y[last], D_in Z[last].
+- Memory at op i over the budget: resident[i] - sum over intervals of bytes x (Y[i] -
+  Z[i-1]) <= budget.
+- Step time ``T[i]`` >= the op's time, >= the stream time each copy stream spends in
+  step i, and >= the link time of each link (an SSD copy uses the PCIe link for its
+  bytes / PCIe bandwidth, R17). The objective is the sum of the step times: a step
+  longer than its op is time the simulator spends waiting for data or for memory.
+
+``Formulation`` builds it (planner/core/highs.py solves it); ``decode`` reads the
+chosen intervals back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from simulator.compiled import link_speed
+from simulator.profile import Profile
+
+from ...core.analysis import idle_gaps, op_start_us
+from ...core.highs import INF, Model
+
+MS = 1e-3     # the model's time unit is the millisecond (coefficients near 1); memory rows
+              # are in units of the largest excess over the budget
+SMALL = 1e-3   # tensors under this share of the largest excess over the budget are not candidates
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An idle interval of ``tensor`` (after op ``after``, before op ``before``) that
+    may move to ``tier``, with the ops its release and its prefetch may happen at."""
+    tensor: str
+    nbytes: int
+    after: int
+    before: int
+    tier: str
+    release: range   # r: off the GPU from op r
+    fetch: range     # f: prefetch issued after op f
+    out_us: float    # the offload's stream time (latency + bytes / rate)
+    in_us: float
+
+    @property
+    def out_steps(self) -> range:
+        return range(self.after + 1, self.release[-1])
+
+    @property
+    def in_steps(self) -> range:
+        return range(self.fetch[0] + 1, self.before)
+
+
+def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tuple[str, ...],
+               min_bytes: int = 1) -> list[Candidate]:
+    """Every idle interval, per allowed tier, that could take its tensor off the GPU
+    during an op over the budget (at least 4 ops apart: one step to write it out, one
+    op away, one step to read it back), of a tensor at least ``SMALL`` of the largest
+    excess over the budget (smaller ones cost binaries and free next to nothing). A tier
+    other than host only where the interval is longer than its two copies: elsewhere a
+    host move is faster (host capacity is the simulator's to check, R19)."""
+    resident = np.asarray(profile.resident_bytes, dtype=np.int64)
+    min_bytes = max(min_bytes, int((resident.max() - budget) * SMALL)) if resident.max() > budget else min_bytes
+    over = np.concatenate(([0], np.cumsum(resident > budget)))
+    starts = op_start_us(profile)
+    speeds = {(d, t): link_speed(hardware, d, t) for d in ("offload", "prefetch") for t in tiers}
+    found = []
+    for tensor in profile.tensors:
+        if tensor.bytes < max(1, min_bytes):
+            continue
+        for gap in idle_gaps(profile, tensor.id, starts):
+            a, b = gap.after, gap.before
+            if b - a < 4 or over[b - 1] - over[a + 2] == 0:
+                continue
+            release = range(a + 2, min(a + 1 + window, b - 2) + 1)
+            fetch = range(max(a + 2, b - 1 - window), b - 1)
+            for tier in tiers:
+                (lat_out, rate_out), (lat_in, rate_in) = speeds["offload", tier], speeds["prefetch", tier]
+                out_us, in_us = lat_out + tensor.bytes / rate_out, lat_in + tensor.bytes / rate_in
+                if tier != "host" and starts[b] - starts[a + 1] < out_us + in_us:
+                    continue   # a slower tier only where its copies could hide: else host is faster
+                found.append(Candidate(tensor.id, tensor.bytes, a, b, tier, release, fetch, out_us, in_us))
+    return found
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """An idle interval of ``tensor`` (after op ``after``, before op ``before``) that may
+    be dropped after ``after`` and recomputed just before ``before`` (R14, R15), at the
+    cost of its producer's time; ``sources`` are its producer's inputs, which must be on
+    the GPU at ``before`` (the non-persistent ones are alive then; persistent ones may be
+    moved by the plan, which the model then forbids around ``before``)."""
+    tensor: str
+    nbytes: int
+    after: int
+    before: int
+    cost_us: float
+    sources: tuple[str, ...]
+
+
+def recomputes(profile: Profile, budget: int, min_bytes: int = 1) -> list[Recompute]:
+    """Every idle interval over an op over the budget whose tensor R15 lets the plan
+    recompute from sources still alive at its next use: its producer updates nothing
+    in place, nothing updates it, and each non-persistent source lives until then and
+    is not updated after the producer read it."""
+    resident = np.asarray(profile.resident_bytes, dtype=np.int64)
+    min_bytes = max(min_bytes, int((resident.max() - budget) * SMALL)) if resident.max() > budget else min_bytes
+    over = np.concatenate(([0], np.cumsum(resident > budget)))
+    tensors = profile.tensor_by_id
+    found = []
+    for tensor in profile.tensors:
+        made_by = profile.producer[tensor.id]
+        if tensor.persistent or tensor.bytes < max(1, min_bytes) or made_by is None:
+            continue
+        producer = profile.ops[made_by]
+        if producer.updates or profile.updaters[tensor.id]:
+            continue
+        sources = tuple(dict.fromkeys(producer.inputs))
+        transient = [t for t in sources if not tensors[t].persistent]
+        for gap in idle_gaps(profile, tensor.id):
+            a, b = gap.after, gap.before
+            if over[b] - over[a + 1] == 0:
+                continue
+            if any(profile.last_use[t] is None or profile.last_use[t] < b
+                   or any(made_by < u <= b for u in profile.updaters[t]) for t in transient):
+                continue
+            found.append(Recompute(tensor.id, tensor.bytes, a, b, producer.time_us, sources))
+    return found
+
+
+def link_shares(hardware, tier: str, direction: str) -> dict[str, float]:
+    """Link time per us of a copy's stream time, on each link a copy to or from ``tier``
+    crosses (bytes / link bandwidth over latency + bytes / rate, taken at its bytes:
+    applied per candidate). Returns link -> bandwidth in bytes/us."""
+    pcie, ssd = hardware.pcie, hardware.ssd
+    half = pcie.duplex == "half"
+    links = {("pcie" if half else "pcie_up" if direction == "offload" else "pcie_down"):
+             (pcie.d2h_gbps if direction == "offload" else pcie.h2d_gbps) * 1e3}
+    if tier == "ssd":
+        links["ssd_write" if direction == "offload" else "ssd_read"] = \
+            (ssd.write_gbps if direction == "offload" else ssd.read_gbps) * 1e3
+    return links
+
+
+@dataclass
+class Columns:
+    """Where one candidate's variables start in the model."""
+    Y: int
+    Z: int
+    u: int
+    v: int
+
+
+class Formulation:
+    """The MILP for a profile, machine and budget over ``cands``; ``one_offload_at_a_time``
+    adds TMOF's token (no two offloads in flight in any step)."""
+
+    def __init__(self, profile: Profile, hardware, budget: int, cands: list[Candidate],
+                 one_offload_at_a_time: bool = False, redo: list[Recompute] = ()):
+        self.profile, self.hardware, self.budget, self.cands = profile, hardware, budget, cands
+        self.redo = list(redo)
+        n = len(profile.ops)
+        self.n = n
+        self.times = np.array([op.time_us for op in profile.ops], dtype=float)
+        model = self.model = Model()
+        self.T = model.add_vars(n, cost=1.0)
+        for i in range(n):
+            model.lower[self.T + i] = self.times[i] * MS
+        self.cols: list[Columns] = []
+        for c in cands:
+            Y = model.add_vars(len(c.release), upper=1.0, integer=True)
+            Z = model.add_vars(len(c.fetch), upper=1.0, integer=True)
+            u = model.add_vars(len(c.out_steps), upper=c.out_us * MS)
+            v = model.add_vars(len(c.in_steps), upper=c.in_us * MS)
+            self.cols.append(Columns(Y, Z, u, v))
+            self._interval_rows(c, Columns(Y, Z, u, v))
+        self.Q = model.add_vars(len(self.redo), upper=1.0, integer=True)   # recompute interval k
+        self._exclusive_tiers()
+        self._recompute_rows()
+        self._memory_rows()
+        self._step_rows()
+        if one_offload_at_a_time:
+            self._token_rows()
+
+    # -- one candidate
+
+    def Y(self, k: int, i: int) -> int | None:
+        """Column of Y at op i (its last one past the window), None before the window."""
+        c, col = self.cands[k], self.cols[k]
+        if i < c.release[0]:
+            return None
+        return col.Y + min(i, c.release[-1]) - c.release[0]
+
+    def Z(self, k: int, j: int) -> int | None:
+        c, col = self.cands[k], self.cols[k]
+        if j < c.fetch[0]:
+            return None
+        return col.Z + min(j, c.fetch[-1]) - c.fetch[0]
+
+    def _interval_rows(self, c: Candidate, col: Columns) -> None:
+        m = self.model
+        for k in range(1, len(c.release)):
+            m.add_row([col.Y + k, col.Y + k - 1], [1.0, -1.0], lower=0.0)
+        for k in range(1, len(c.fetch)):
+            m.add_row([col.Z + k, col.Z + k - 1], [1.0, -1.0], lower=0.0)
+        last_y, last_z = col.Y + len(c.release) - 1, col.Z + len(c.fetch) - 1
+        m.add_row([last_y, last_z], [1.0, -1.0], 0.0, 0.0)
+        for j in range(c.fetch[0], c.release[-1]):          # fetched only after it left
+            y = col.Y + j - c.release[0] if j >= c.release[0] else None
+            m.add_row([col.Z + j - c.fetch[0]] + ([y] if y is not None else []),
+                      [1.0] + ([-1.0] if y is not None else []), upper=0.0)
+        d_out, d_in = c.out_us * MS, c.in_us * MS
+        for s, i in enumerate(c.out_steps):                  # offload runs only before release
+            if i >= c.release[0]:
+                m.add_row([col.u + s, col.Y + i - c.release[0]], [1.0, d_out], upper=d_out)
+        m.add_row(list(range(col.u, col.u + len(c.out_steps))) + [last_y],
+                  [1.0] * len(c.out_steps) + [-d_out], 0.0, 0.0)
+        for s, i in enumerate(c.in_steps):                   # prefetch runs only after issue
+            m.add_row([col.v + s, col.Z + min(i - 1, c.fetch[-1]) - c.fetch[0]], [1.0, -d_in], upper=0.0)
+        m.add_row(list(range(col.v, col.v + len(c.in_steps))) + [last_z],
+                  [1.0] * len(c.in_steps) + [-d_in], 0.0, 0.0)
+
+    def _exclusive_tiers(self) -> None:
+        """An interval moves to one tier at most."""
+        by_interval: dict[tuple, list[int]] = {}
+        for k, c in enumerate(self.cands):
+            by_interval.setdefault((c.tensor, c.after), []).append(self.Y(k, c.release[-1]))
+        for k, r in enumerate(self.redo):
+            by_interval.setdefault((r.tensor, r.after), []).append(self.Q + k)
+        for cols in by_interval.values():
+            if len(cols) > 1:
+                self.model.add_row(cols, [1.0] * len(cols), upper=1.0)
+
+    def _recompute_rows(self) -> None:
+        """A recompute before op b reads its sources there. A source moved in an interval
+        around b cannot be read (R13): the two exclude each other. A source dropped for a
+        recompute across b is regenerated at b first, a chain (``W[b, s]``, continuous,
+        >= need + Q - 1, costs the producer's time, and holds s's bytes through op b,
+        after which it is dropped again), and its own sources are needed at b in turn."""
+        moved: dict[str, list[int]] = {}
+        for k, c in enumerate(self.cands):
+            moved.setdefault(c.tensor, []).append(k)
+        dropped: dict[str, list[int]] = {}
+        for k, r in enumerate(self.redo):
+            dropped.setdefault(r.tensor, []).append(k)
+        model = self.model
+        self.chains: dict[tuple[int, str], int] = {}   # (op, tensor) -> column of W
+        work = [(r.before, self.Q + k, r.sources) for k, r in enumerate(self.redo)]
+        while work:
+            at, need, sources = work.pop()
+            for src in sources:
+                for j in moved.get(src, ()):
+                    c = self.cands[j]
+                    if c.after < at < c.before:
+                        self._read_in_moved_interval(j, at, need)
+                for j in dropped.get(src, ()):
+                    r = self.redo[j]
+                    if not r.after < at < r.before:
+                        continue
+                    w = self.chains.get((at, src))
+                    if w is None:
+                        w = self.chains[at, src] = model.add_vars(1, upper=1.0)
+                        work.append((at, w, r.sources))
+                    model.add_row([w, need, self.Q + j], [1.0, -1.0, -1.0], lower=-1.0)
+
+    def _read_in_moved_interval(self, j: int, at: int, need: int) -> None:
+        """A recompute (column ``need``) reads candidate j's tensor before op ``at``, inside
+        its interval: the tensor is still on the GPU (not yet released, ``Y[at] = 0``) or
+        back (its prefetch issued by op at-1, ``Z[at-1] = 1``, and none of it copied in
+        step ``at`` or later: the plan's prefetch is then due at ``at``)."""
+        c, col, model = self.cands[j], self.cols[j], self.model
+        y = self.Y(j, at)
+        if y is None:
+            return                    # released no earlier than op at: still on the GPU
+        z = self.Z(j, at - 1)
+        if z is None:
+            model.add_row([need, y], [1.0, 1.0], upper=1.0)
+            return
+        model.add_row([need, y, z], [1.0, 1.0, -1.0], upper=1.0)
+        d_in = c.in_us * MS
+        for s, i in enumerate(c.in_steps):
+            if i >= at:
+                model.add_row([col.v + s, need, y], [1.0, d_in, d_in], upper=2 * d_in)
+
+    def _memory_rows(self) -> None:
+        resident = self.profile.resident_bytes
+        spanning: dict[int, list[int]] = {}
+        for k, c in enumerate(self.cands):
+            for i in range(c.release[0], c.fetch[-1] + 1):
+                if resident[i] > self.budget:
+                    spanning.setdefault(i, []).append(k)
+        for k, r in enumerate(self.redo):
+            for i in range(r.after + 1, r.before):
+                if resident[i] > self.budget:
+                    spanning.setdefault(i, []).append(-1 - k)   # negative: a recompute
+        held: dict[int, list[tuple[int, int]]] = {}   # a chain source is on the GPU through its op
+        for (at, tid), w in self.chains.items():
+            held.setdefault(at, []).append((w, self.profile.tensor_by_id[tid].bytes))
+        self.over_ops = sorted(i for i in range(self.n) if resident[i] > self.budget)
+        unit = max([resident[i] - self.budget for i in self.over_ops], default=1)  # right-hand sides <= 1
+        self.uncovered = [self.profile.ops[i].id for i in self.over_ops if i not in spanning]
+        for i in self.over_ops:
+            index, value = [], []
+            for k in spanning.get(i, ()):
+                if k < 0:   # dropped from the op after its last use up to its recompute
+                    index.append(self.Q - 1 - k)
+                    value.append(self.redo[-1 - k].nbytes / unit)
+                    continue
+                share = self.cands[k].nbytes / unit
+                index.append(self.Y(k, i))
+                value.append(share)
+                z = self.Z(k, i - 1)
+                if z is not None:
+                    index.append(z)
+                    value.append(-share)
+            for w, nbytes in held.get(i, ()):
+                index.append(w)
+                value.append(-nbytes / unit)
+            self.model.add_row(index, value, lower=(resident[i] - self.budget) / unit)
+
+    def _step_rows(self) -> None:
+        """T[i] >= every copy stream's time in step i (R17: one copy at a time per stream;
+        on a half-duplex machine one stream for both directions), and, when SSD copies
+        share PCIe with host copies, >= each link's time (bytes / bandwidth)."""
+        hw = self.hardware
+        half = hw.pcie.duplex == "half"
+        with_links = any(c.tier == "ssd" for c in self.cands)
+        loads: dict[tuple[int, str], tuple[list[int], list[float]]] = {}
+        for c, col in zip(self.cands, self.cols):
+            for direction, steps, first, us in (("offload", c.out_steps, col.u, c.out_us),
+                                                 ("prefetch", c.in_steps, col.v, c.in_us)):
+                if c.tier == "host":
+                    stream = "copy" if half else "d2h" if direction == "offload" else "h2d"
+                else:
+                    stream = "ssd_write" if direction == "offload" else "ssd_read"
+                uses = {stream: 1.0}
+                if with_links:
+                    uses.update({link: (c.nbytes / bw) / us for link, bw in link_shares(hw, c.tier, direction).items()})
+                for s, i in enumerate(steps):
+                    for what, share in uses.items():
+                        index, value = loads.setdefault((i, what), ([], []))
+                        index.append(first + s)
+                        value.append(-share)
+        for (i, _), (index, value) in sorted(loads.items()):
+            self.model.add_row([self.T + i] + index, [1.0] + value, lower=0.0)
+        self.step_loads = loads
+        by_op: dict[int, tuple[list[int], list[float]]] = {}
+        for k, r in enumerate(self.redo):
+            index, value = by_op.setdefault(r.before, ([], []))
+            index.append(self.Q + k)
+            value.append(-r.cost_us * MS)
+        ops = self.profile.ops
+        for (at, tid), w in self.chains.items():
+            index, value = by_op.setdefault(at, ([], []))
+            index.append(w)
+            value.append(-ops[self.profile.producer[tid]].time_us * MS)
+        for i, (index, value) in sorted(by_op.items()):   # the op waits for the recomputes before it (R5)
+            self.model.add_row([self.T + i] + index, [1.0] + value, lower=self.times[i] * MS)
+
+    def extend(self, part: "Formulation", values: np.ndarray) -> np.ndarray:
+        """A solution of ``part`` (a formulation over a subset of these candidates) as a
+        solution of this one: the same moves, the others not taken."""
+        x = np.zeros(self.model.num_cols)
+        x[self.T:self.T + self.n] = values[part.T:part.T + part.n]
+        where = {(c.tensor, c.after, c.tier): k for k, c in enumerate(self.cands)}
+        for c, col in zip(part.cands, part.cols):
+            mine = self.cols[where[c.tensor, c.after, c.tier]]
+            for first, size, theirs in ((mine.Y, len(c.release), col.Y), (mine.Z, len(c.fetch), col.Z),
+                                        (mine.u, len(c.out_steps), col.u), (mine.v, len(c.in_steps), col.v)):
+                x[first:first + size] = values[theirs:theirs + size]
+        self._stretch_steps(x)
+        return x
+
+    def _stretch_steps(self, x: np.ndarray) -> None:
+        """Make each step in ``x`` as long as the copies ``x`` places in it need."""
+        for (i, _), (index, value) in self.step_loads.items():
+            x[self.T + i] = max(x[self.T + i], -float(np.dot(value, x[index])))
+
+    def start(self) -> np.ndarray | None:
+        """A feasible solution to start the solver from, or None: the largest tensors
+        moved (host first), each released as early and fetched as late as its window
+        allows, until every op fits; steps as long as their copies make them."""
+        need = {i: self.profile.resident_bytes[i] - self.budget for i in self.over_ops}
+        x = np.zeros(self.model.num_cols)
+        taken: set[tuple] = set()
+        order = sorted(range(len(self.cands)), key=lambda k: (self.cands[k].tier != "host", -self.cands[k].nbytes, k))
+        for k in order:
+            c, col = self.cands[k], self.cols[k]
+            span = range(c.release[0], c.fetch[-1] + 1)
+            if (c.tensor, c.after) in taken or not any(need.get(i, 0) > 0 for i in span):
+                continue
+            taken.add((c.tensor, c.after))
+            for i in span:
+                if i in need:
+                    need[i] -= c.nbytes
+            x[col.Y:col.Y + len(c.release)] = 1.0
+            x[col.Z + len(c.fetch) - 1] = 1.0
+            x[col.u] = c.out_us * MS                 # the whole copy in step a+1
+            x[col.v + len(c.in_steps) - 1] = c.in_us * MS   # and in step b-1
+        if any(v > 0 for v in need.values()):
+            return None
+        x[self.T:self.T + self.n] = self.times * MS
+        self._stretch_steps(x)
+        return x
+
+    def _token_rows(self) -> None:
+        """TMOF's token: in any step at most one offload is in flight (moved, not yet
+        released): sum over intervals of Y[last] - Y[i] <= 1."""
+        active: dict[int, list[int]] = {}
+        for k, c in enumerate(self.cands):
+            for i in c.out_steps:
+                active.setdefault(i, []).append(k)
+        for i, ks in sorted(active.items()):
+            index, value = [], []
+            for k in ks:
+                c = self.cands[k]
+                index.append(self.Y(k, c.release[-1]))
+                value.append(1.0)
+                y = self.Y(k, i)
+                if y is not None:
+                    index.append(y)
+                    value.append(-1.0)
+            self.model.add_row(index, value, upper=1.0)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A moved interval as the solution has it: off the GPU from op ``release``, its
+    prefetch issued after op ``fetch``, done in step ``done`` (the last step the model
+    gives some of its copy) and due at ``before``."""
+    candidate: Candidate
+    release: int
+    fetch: int
+    done: int
+    due: int = -1     # the op its prefetch is due at: the interval's end, or a recompute reading it
+
+    @property
+    def before(self) -> int:
+        return self.candidate.before if self.due < 0 else self.due
+
+
+def decode(form: Formulation, values: np.ndarray) -> list[Chosen]:
+    chosen = []
+    for k, (c, col) in enumerate(zip(form.cands, form.cols)):
+        if values[form.Y(k, c.release[-1])] < 0.5:
+            continue
+        release = next(r for r in c.release if values[form.Y(k, r)] > 0.5)
+        fetch = next(f for f in c.fetch if values[form.Z(k, f)] > 0.5)
+        pieces = values[col.v:col.v + len(c.in_steps)]
+        busy = np.flatnonzero(pieces > 1e-6 * max(c.in_us * MS, 1e-9))
+        done = c.in_steps[busy[-1]] if len(busy) else c.before - 1
+        chosen.append(Chosen(c, release, fetch, done))
+    return chosen
+
+
+def decode_recomputes(form: Formulation, values: np.ndarray) -> list[Recompute]:
+    return [r for k, r in enumerate(form.redo) if values[form.Q + k] > 0.5]
+
+
+def retarget(profile: Profile, chosen: list[Chosen], redone: list[Recompute],
+             chains: list[tuple[int, str]]) -> list[Chosen]:
+    """Each moved interval with its prefetch due at the first recompute that reads its
+    tensor once it is off the GPU (the model has it back by then), else at its end."""
+    reads: dict[str, list[int]] = {}
+    for at, tid in [(r.before, r.tensor) for r in redone] + list(chains):
+        for src in profile.ops[profile.producer[tid]].inputs:
+            reads.setdefault(src, []).append(at)
+    due = []
+    for ch in chosen:
+        c = ch.candidate
+        early = [at for at in reads.get(c.tensor, ()) if ch.release <= at < c.before]
+        due.append(replace(ch, due=min(early)) if early else ch)
+    return due
+
+
+def decode_chains(redone: list[Recompute]) -> list[tuple[int, str]]:
+    """The chain sources the chosen recomputes need regenerated, as (op, tensor): a
+    source dropped for a recompute across the op it is read at, recursively (as the
+    model's ``W`` rows have it; read from the choices, not from ``W``'s values)."""
+    across: dict[str, list[Recompute]] = {}
+    for r in redone:
+        across.setdefault(r.tensor, []).append(r)
+    found: set[tuple[int, str]] = set()
+    work = [(r.before, r.sources) for r in redone]
+    while work:
+        at, sources = work.pop()
+        for src in sources:
+            for r in across.get(src, ()):
+                if r.after < at < r.before and (at, src) not in found:
+                    found.add((at, src))
+                    work.append((at, r.sources))
+    return sorted(found)
+
+
+def step_times(form: Formulation, values: np.ndarray) -> np.ndarray:
+    """The model's step times, in us."""
+    return values[form.T:form.T + form.n] / MS
+
+
+def predicted_us(form: Formulation, values: np.ndarray) -> float:
+    return float(values[form.T:form.T + form.n].sum()) / MS

@@ -1,0 +1,208 @@
+"""``autotm`` and ``tmof``: swap MILPs on the interval formulation (planner/search/ilp/intervals.py),
+solved by HiGHS, with a heuristic plan as the fallback so that a plan always comes back.
+
+``autotm`` follows Hildebrand et al., "AutoTM: Automatic Tensor Movement in Heterogeneous
+Memory Systems using Integer Linear Programming", ASPLOS 2020, as summarised from the
+paper: per tensor, where it lives between uses (GPU, or here host memory or SSD);
+asynchronous moves within a window of kernels of a use (``window``, 15 in the paper);
+memory at every kernel; each kernel's time the larger of its compute and the copies
+overlapped with it. Departures: a tensor's location is chosen per idle interval, not by
+a flow network (equivalent for moves that go out and come back once per interval);
+synchronous moves are the window's edge cases (release two ops after the last use,
+prefetch issued right before the next); the write-once saving for read-only tensors is
+not modelled (every moved interval is written out, R16 makes that exact for tensors
+updated in place); persistent tensors move only within the iteration (no start in a
+lower tier); fragmentation does not exist here (R2 counts bytes).
+
+``tmof`` follows the spirit of Lin et al., "TMOF: Tensor Movement Orchestration Framework
+for ...", HPCA 2023, whose MILP is not public: host memory only, the two PCIe directions
+as separate channels that overlap (bidirectional overlapping), and TMOF's
+channel-contention avoidance as a token: no two offloads in flight in any step. Departure:
+TMOF's disjoint swapping between GPUs has no counterpart on one GPU.
+
+``joint`` is this project's: the same intervals may instead be dropped and recomputed
+(Checkmate's recompute ILP, Jain et al., MLSys 2020, on the interval form rather than
+Checkmate's O(n^2) stages), with recompute chains (a source dropped across the recompute
+is regenerated first) and recomputes that read a swapped source brought back early (its
+prefetch due at the recompute, as Capuchin retargets it).
+
+Both: the MILP's objective is its predicted iteration time (the sum of step times), and
+HiGHS's dual bound is a proven lower bound on that objective for this formulation (not on
+every plan: it fixes the op order, the windows and the candidate intervals). The decoded
+plan is simulated; the fallback (g10's plan, host only for tmof: planner/swap/g10.py
+``plan_g10``, the one import of another planner here) is too, and the faster
+of the two is returned. The model shares each copy stream's time between copies step by
+step, the simulator's FIFO streams (R17) run them one at a time: the solution is lowered
+with its prefetches queued in each order of ``QUEUES`` (common.py: deadline, the model's
+finishing order, earliest deadline among those issued) and the fastest simulated is kept.
+"""
+from __future__ import annotations
+
+import time
+
+from ...core.api import score
+from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
+from .common import DEFAULT_GAP, DEFAULT_TIME_LIMIT, QUEUES, fix_by_relaxation, to_actions
+from .intervals import (MS, Formulation, candidates, decode, decode_chains, decode_recomputes, predicted_us, recomputes,
+                        retarget, step_times)
+
+
+def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tiers: tuple[str, ...], window: int,
+                    token: bool, gap: float | None, fallback, recompute_too: bool = False,
+                    fix_above: int = 100_000) -> Draft:
+    """Build, solve, decode and judge one swap MILP; ``fallback()`` gives the heuristic draft."""
+    started = time.perf_counter()
+    deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
+    gap = DEFAULT_GAP if gap is None else gap
+    cands = candidates(profile, hardware, budget, window, tiers)
+    redo = recomputes(profile, budget) if recompute_too else []
+    form = Formulation(profile, hardware, budget, cands, one_offload_at_a_time=token, redo=redo)
+    built = time.perf_counter() - started
+    notes = {"candidates": len(cands), "recompute_candidates": len(redo), "columns": form.model.num_cols, "rows": form.model.num_rows,
+             "over_budget_ops": len(form.over_ops), "window": window}   # no timings: plans stay byte-identical
+    if not form.over_ops:
+        return Draft(status="optimal", gap=0.0, estimate_us=profile.ideal_us, notes=notes)
+    if form.uncovered:   # an op over the budget that no candidate interval can free memory at
+        backup = fallback()
+        notes.update(fallback=f"{len(form.uncovered)} ops over the budget that no interval in the model can "
+                              f"relieve (first {form.uncovered[0]!r}): the heuristic plan")
+        return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", notes=notes)
+    full_bound = None
+    if form.model.num_cols > fix_above:
+        form, full_bound = fix_by_relaxation(form, max(1.0, 0.3 * (deadline - time.perf_counter())), options,
+                                              token, notes)
+        cands = form.cands
+    start = form.start()
+    if len(tiers) > 1:
+        # host moves alone first (a smaller model HiGHS solves fast): its plan starts the full one
+        host = Formulation(profile, hardware, budget, [c for c in cands if c.tier == "host"], token)
+        limit = max(1.0, 0.5 * (deadline - time.perf_counter()))
+        options.say(f"MILP, host moves only: {host.model.num_cols} columns; solving (limit {limit:.0f} s)")
+        first = host.model.solve(limit, options.threads, options.seed, gap, start=host.start())
+        if first.values is not None:
+            start = form.extend(host, first.values)
+            notes.update(host_only_us=first.objective / MS, host_only_gap=first.gap)
+    backup = fallback()   # first, so that the time limit covers it
+    backup_result = score(profile, hardware, budget, backup.actions, backup.initial)
+    left = deadline - time.perf_counter()
+    limit = max(1.0, left - min(0.05 * left, 10.0))   # the rest: polishing, lowering, simulating
+    options.say(f"MILP: {form.model.num_cols} columns, {form.model.num_rows} rows; solving (limit {limit:.0f} s)")
+    solution = form.model.solve(limit, options.threads, options.seed, gap, start=start)
+    if solution.status == "feasible":   # stopped early: place its copies as well as they go
+        solution = form.model.polish(solution, max(1.0, deadline - time.perf_counter()), options.threads, gap)
+    options.say(f"MILP solved in {time.perf_counter() - started - built:.1f} s: {solution.model_status}")
+    if full_bound is not None:   # the MIP's bound holds for the reduced model only: report the full one's
+        notes.update(reduced_model_bound_us=None if solution.bound is None else solution.bound / MS)
+        solution = solution.against_bound(full_bound)
+    notes.update(solver=solution.model_status,
+                 mip_gap=solution.gap, model_bound_us=None if solution.bound is None else solution.bound / MS)
+    if solution.values is None:
+        why = "no plan within the model's rules fits the budget" if solution.model_status == "Infeasible" \
+            else "the solver found no solution in time"
+        notes.update(fallback=f"{why}: the heuristic plan")
+        return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", notes=notes)
+    chosen = decode(form, solution.values)
+    redone = decode_recomputes(form, solution.values)
+    chains = decode_chains(redone)
+    chosen = retarget(profile, chosen, redone, chains)
+    estimate = predicted_us(form, solution.values)
+    result, actions, queue = None, None, None
+    steps_us = step_times(form, solution.values)
+    for name in QUEUES:   # the lowering the simulator runs fastest (the first of equals)
+        lowered = to_actions(profile, chosen, redone, chains, name, steps_us)
+        tried = score(profile, hardware, budget, lowered)
+        if result is None or (tried.ok, -tried.iteration_us if tried.ok else 0) > \
+                (result.ok, -result.iteration_us if result.ok else 0):
+            result, actions, queue = tried, lowered, name
+    notes.update(moved=len(chosen), recomputed=len(redone), chain_recomputes=len(chains), prefetch_queue=queue, model_objective_us=estimate,
+                 simulated_us=result.iteration_us if result.ok else None)
+    if backup_result.ok and (not result.ok or backup_result.iteration_us < result.iteration_us):
+        notes.update(fallback="the heuristic plan simulated faster than the solver's",
+                     heuristic_us=backup_result.iteration_us)
+        return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", gap=solution.gap,
+                     estimate_us=estimate, notes=notes)
+    return Draft(actions=actions, status=solution.status, gap=solution.gap, estimate_us=estimate, notes=notes)
+
+
+def _g10(profile, hardware, budget, ssd: bool):
+    from ...swap.g10 import plan_g10
+    return lambda: plan_g10(profile, hardware, budget, ssd=ssd)
+
+
+_COMMON = (
+    Param("gap", 1e-3, "stop when the solution is proven within this relative gap of the optimum",
+          low=0.0, high=1.0),
+    Param("fix_above", 100_000, "models with more columns are first reduced by LP-guided fixing (the LP "
+                                "relaxation by IPM; candidates it leaves unused are fixed to stay)",
+          low=1, high=10**9),
+)
+
+
+@register(
+    "autotm",
+    "AutoTM (ASPLOS'20): MILP over where each tensor lives between uses (GPU, host, SSD), "
+    "asynchronous moves within a window of kernels, each kernel as long as its compute or its copies.",
+    params=(Param("window", 15, "ops before / after a use within which a move may run", low=1, high=4096),
+            Param("ssd", True, "allow the SSD tier (when the hardware has one)")) + _COMMON,
+    moves_persistent=True,
+    paper="Hildebrand et al., AutoTM: Automatic Tensor Movement in Heterogeneous Memory Systems "
+          "using Integer Linear Programming, ASPLOS 2020",
+)
+def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=15, ssd=True, gap=1e-3,
+                fix_above=100_000):
+    tiers = ("host", "ssd") if ssd and hardware.ssd is not None else ("host",)
+    return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=tiers, window=window, token=False,
+                           gap=gap, fallback=_g10(profile, hardware, budget_bytes, ssd and "ssd" in tiers),
+                           fix_above=fix_above)
+
+
+@register(
+    "tmof",
+    "TMOF (HPCA'23), in spirit: host-only swap MILP with the two PCIe directions overlapping; "
+    "its channel-contention token (one offload in flight) optional.",
+    params=(Param("window", 20, "ops before / after a use within which a move may run", low=1, high=4096),
+            Param("token", False, "TMOF's contention avoidance as a constraint: never two offloads in flight "
+                                  "in one step (FIFO streams already serialise them; this also forbids issuing "
+                                  "one while another runs, and makes the MILP much harder)")) + _COMMON,
+    moves_persistent=True,
+    paper="Lin et al., TMOF: tensor movement orchestration, HPCA 2023 (formulation not public: "
+          "this one is written in its spirit)",
+)
+def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, token=False, gap=1e-3,
+              fix_above=100_000):
+    return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=token,
+                           gap=gap, fallback=_g10(profile, hardware, budget_bytes, False), fix_above=fix_above)
+
+
+def _best_of(profile, hardware, budget, names: tuple[str, ...]):
+    """The fallback: the plan of these planners the simulator runs fastest within the budget."""
+    from ...core.registry import get_planner
+
+    def draft():
+        best = None
+        for name in names:
+            spec = get_planner(name)
+            candidate = spec.func(profile, hardware, budget, **spec.resolve({}))
+            result = score(profile, hardware, budget, candidate.actions, candidate.initial)
+            key = (not result.ok, result.iteration_us if result.ok else 0.0)
+            if best is None or key < best[0]:
+                best = (key, candidate)
+        return best[1]
+    return draft
+
+
+@register(
+    "joint",
+    "One MILP over swapping to host and recomputing each idle interval (Checkmate's and OffMate's idea on "
+    "the interval formulation), with capuchin's or g10's plan as the fallback.",
+    params=(Param("window", 20, "ops before / after a use within which a move may run", low=1, high=4096),)
+    + _COMMON,
+    moves_persistent=True,
+    recomputes=True,
+    paper="Jain et al., Checkmate, MLSys 2020 (recompute ILP); Rockmate's OffMate notes (per-step channel "
+          "limits): the joint formulation here is this project's",
+)
+def plan_joint(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, gap=1e-3, fix_above=100_000):
+    return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=False,
+                           gap=gap, fallback=_best_of(profile, hardware, budget_bytes, ("capuchin", "g10")),
+                           recompute_too=True, fix_above=fix_above)
