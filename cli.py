@@ -832,7 +832,7 @@ def variants_cmd(profile, source, output) -> None:
     convolution algorithm timed on the target GPU) into PROFILE; plans may then choose
     them (``variants``). See docs/tracing.md."""
     from simulator.profile import save_profile
-    from simulator.variants import merge_variants, read_variants
+    from simulator.compile.variants import merge_variants, read_variants
 
     _outputs(output)
     loaded = catalog.open_profile(profile)

@@ -13,14 +13,14 @@ def table(title: str | None, columns: list[str], rows: list[list], right: set[in
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title, box=None, title_justify="left", header_style="bold", pad_edge=False)
+    view = Table(title=title, box=None, title_justify="left", header_style="bold", pad_edge=False)
     for k, column in enumerate(columns):
-        table.add_column(column, justify="right" if k in right else "left", no_wrap=True)
+        view.add_column(column, justify="right" if k in right else "left", no_wrap=True)
     for row in rows:
-        table.add_row(*[str(cell) for cell in row])
+        view.add_row(*[str(cell) for cell in row])
     # Not a terminal (a pipe, a file): never wrap or cut rows.
     width = None if sys.stdout.isatty() else 400
-    Console(highlight=False, width=width).print(table)
+    Console(highlight=False, width=width).print(view)
 
 
 def print_result(profile_name: str, hardware_name: str, result, bound: dict | None = None) -> None:
@@ -116,14 +116,14 @@ def print_comparison(rows: list[dict]) -> None:
     from compare.report import bound_text, budget_label, cell_text, grids
 
     for grid in grids(rows):
-        table = []
+        lines = []
         for planner in grid.planners:
             line = [planner]
             for budget in grid.budgets:
                 text = cell_text(grid.cells.get((planner, budget)))
                 line.append(f"[bold green]{text} *[/]" if planner in grid.best.get(budget, ()) else text)
-            table.append(line)
-        table.append(["[dim]lower bound[/]"] + [f"[dim]{bound_text(grid, b)}[/]" for b in grid.budgets])
+            lines.append(line)
+        lines.append(["[dim]lower bound[/]"] + [f"[dim]{bound_text(grid, b)}[/]" for b in grid.budgets])
         click.echo(f"{grid.profile} on {grid.hardware}: overhead over the ideal iteration (* best per budget)")
-        table(None, ["planner"] + [budget_label(grid, b) for b in grid.budgets], table,
+        table(None, ["planner"] + [budget_label(grid, b) for b in grid.budgets], lines,
                right=set(range(1, len(grid.budgets) + 1)))

@@ -1,18 +1,18 @@
-"""Builds the optional C fast paths: the simulator's (simulator/_fastsim.c), UVM mode's
-(simulator/_fastuvm.c) and the swapadvisor decoder's (planner/search/swapadvisor/_fastdecode.c).
+"""Builds the optional C fast paths: the simulator's (simulator/fast/_fastsim.c), UVM mode's
+(simulator/fast/_fastuvm.c) and the swapadvisor decoder's (planner/search/swapadvisor/_fastdecode.c).
 
 Everything else is declared in pyproject.toml. The extensions are optional: without a
 C compiler the install still succeeds and the pure-Python paths are used.
 """
 from setuptools import Extension, setup
 
-ARENA = dict(include_dirs=["simulator"], depends=["simulator/_arena.h"])   # the allocator they share
+ARENA = dict(include_dirs=["simulator/fast"], depends=["simulator/fast/_arena.h"])   # the allocator they share
 
 setup(ext_modules=[
-    Extension("simulator._fastsim", sources=["simulator/_fastsim.c"], optional=True, extra_compile_args=["-O2"],
-              **ARENA),
-    Extension("simulator._fastuvm", sources=["simulator/_fastuvm.c"], optional=True, extra_compile_args=["-O2"],
-              **ARENA),
+    Extension("simulator.fast._fastsim", sources=["simulator/fast/_fastsim.c"], optional=True,
+              extra_compile_args=["-O2"], **ARENA),
+    Extension("simulator.fast._fastuvm", sources=["simulator/fast/_fastuvm.c"], optional=True,
+              extra_compile_args=["-O2"], **ARENA),
     Extension("planner.search.swapadvisor._fastdecode", sources=["planner/search/swapadvisor/_fastdecode.c"], optional=True,
               extra_compile_args=["-O2"], **ARENA),
 ])

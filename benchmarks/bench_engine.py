@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simulator import fastpath  # noqa: E402
 from simulator.api import Simulator  # noqa: E402
+from simulator.fast import explicit as fastpath  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402
 from simulator.plan import Plan, check_plan  # noqa: E402
 from tests.plans import swap_plan, swappable  # noqa: E402

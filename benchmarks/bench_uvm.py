@@ -3,7 +3,7 @@
 The target case is GPT-2 (gpt2-b48-s1024, 771 ops) at 50% of its peak on a100-40gb-pcie4:
 the plain ``uvm`` plan (no hints) and ``deepum``'s (about 1,500 hints); target <= 20 ms
 median per scored plan, ideally ~5 ms. For each: the median with the C run
-(simulator/_fastuvm.c) and with the Python reference alone, then where a C-scored
+(simulator/fast/_fastuvm.c) and with the Python reference alone, then where a C-scored
 plan's time goes: compile_uvm (Python), packing the program for C, the C run of both
 iterations (R36), and making the Result. The C and reference results are checked to be
 identical first.
@@ -21,12 +21,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.core.api import make_plan  # noqa: E402
-from simulator import fastuvm  # noqa: E402
 from simulator.api import Simulator  # noqa: E402
 from simulator.catalog import open_profile  # noqa: E402
+from simulator.compile.lower import compile_program  # noqa: E402
+from simulator.fast import uvm as fastuvm  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402
 from simulator.plan import check_plan  # noqa: E402
-from simulator.program import compile_program  # noqa: E402
 
 
 def median_ms(fn, repeat: int) -> float:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 
 from simulator.api import simulate
-from simulator.compiled import LINKS, compile_machine
-from simulator.engine import resolve_budget
+from simulator.compile.compiled import LINKS, compile_machine
 from simulator.errors import InputError
 from simulator.hardware import Hardware
 from simulator.plan import Plan, check_plan
 from simulator.profile import Profile
+from simulator.run.engine import resolve_budget
 
 from .arena import PlacedArena, align
 from .pattern import Patterns

@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-from simulator.compiled import STREAMS
+from simulator.compile.compiled import STREAMS
 from simulator.errors import InputError
 
 from .pattern import K, Patterns, check_lower_copy

@@ -13,13 +13,14 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 
-from simulator.arena import WORKSPACE, allocation_keys
-from simulator.compiled import STREAMS, compile_machine, compile_profile
+from simulator.compile.arena import WORKSPACE, allocation_keys
+from simulator.compile.compiled import STREAMS, compile_machine, compile_profile
+from simulator.compile.lower import compile_program
+from simulator.compile.program import PlanInvalid
+from simulator.compile.sequence import Sequence, build_sequence
 from simulator.hardware import Hardware
 from simulator.plan import Plan
 from simulator.profile import Profile
-from simulator.program import PlanInvalid, compile_program
-from simulator.sequence import Sequence, build_sequence
 
 
 @dataclass(eq=False, slots=True)
@@ -38,7 +39,7 @@ class Copy:
     nbytes: int                   # the profile's bytes (unscaled)
     tier: str                     # host | ssd
     stream: str                   # h2d | d2h | ssd_read | ssd_write
-    links: tuple[int, ...]        # link numbers (simulator.compiled.LINKS)
+    links: tuple[int, ...]        # link numbers (simulator.compile.compiled.LINKS)
     latency_ps: int
     uses_engine: bool             # half duplex: needs the one copy engine
     after: str | None
@@ -147,7 +148,7 @@ def lower(profile: Profile, plan: Plan, hardware: Hardware) -> RuntimePlan:
 
 
 def _allocation_keys(runtime: RuntimePlan, compiled, machine) -> None:
-    """R50's keys, as the simulator counts them (``simulator.arena.allocation_keys``, on
+    """R50's keys, as the simulator counts them (``simulator.compile.arena.allocation_keys``, on
     the plan compiled without its placement): the executor runs the same compute
     sequence, so item k and a prefetch's plan action name the same allocations. A plan
     that breaks another rule has no keys (None): it is replayed to show where it fails,

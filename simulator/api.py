@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import gc
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 
-from . import fastpath, fastuvm
-from .compiled import compile_machine, compile_profile
-from .engine import check_budget, invalid_result, resolve_budget, run_program
+from .compile.compiled import compile_machine, compile_profile
+from .compile.lower import compile_program
+from .compile.program import PlanInvalid
+from .fast import explicit as fastpath, uvm as fastuvm
 from .hardware import Hardware
 from .plan import Plan, check_plan
 from .profile import Profile
-from .program import PlanInvalid, compile_program
-from .result import Result
+from .result import Result, Score
+from .run.engine import check_budget, invalid_result, resolve_budget
+from .run.iteration import run_program
 from .units import MAX_COUNT
 
 
@@ -32,43 +33,8 @@ def simulate(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int
                                                  allocator=allocator)
 
 
-@dataclass(frozen=True, slots=True)
-class Score:
-    """How good a plan is, in a form a search can rank.
-
-    ``valid`` False: the plan breaks ``rule`` (at ``op``, on ``tensor``). ``feasible``
-    False: it is valid but does not run in the budget; ``over_budget_bytes`` says by
-    how much (its peak with no budget, minus the budget), ``op`` where it stopped and
-    ``progress`` the share of the compute sequence that ran. Otherwise
-    ``iteration_us`` and ``overhead``.
-    """
-    valid: bool
-    feasible: bool
-    iteration_us: float
-    overhead: float
-    peak_bytes: int
-    over_budget_bytes: int = 0
-    progress: float = 1.0
-    rule: str | None = None
-    op: str | None = None
-    tensor: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.valid and self.feasible
-
-    def rank(self) -> tuple:
-        """Smaller is better: feasible plans by iteration time, then infeasible ones by
-        bytes over budget, then invalid ones by how late they break a rule."""
-        if self.ok:
-            return (0, self.iteration_us)
-        if self.valid:
-            return (1, self.over_budget_bytes, -self.progress)
-        return (2,)
-
-
 class Simulator:
-    """A profile and a machine compiled once (simulator/compiled.py), and the plans
+    """A profile and a machine compiled once (simulator/compile/compiled.py), and the plans
     simulated on them."""
 
     def __init__(self, profile: Profile, hardware: Hardware):
@@ -90,7 +56,7 @@ class Simulator:
         Timeline in ``result.timeline``. ``reference`` always uses the Python reference;
         otherwise the C fast path runs when it is built (the reference explains an
         invalid plan's reason, and runs a plan whose times would overflow 64 bits); a
-        UVM plan runs in C too (simulator/fastuvm.py) where its C run applies.
+        UVM plan runs in C too (simulator/fast/uvm.py) where its C run applies.
         ``allocator`` (``first-fit`` or ``best-fit``, R51) models an online allocator's
         address ranges for a plan without a placement (on the reference).
 

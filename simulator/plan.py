@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jsonschema
 
-from .arena import Placement
+from .compile.arena import Placement
 from .errors import InputError
 from .fields import is_id_list
 from .files import read_document, write_atomic

@@ -1,4 +1,6 @@
-"""Result: what one simulation of a plan found (stable field names, docs/simulation.md)."""
+"""Result: what one simulation of a plan found (stable field names, docs/simulation.md);
+Score: the small summary of one a search ranks plans by (the C fast path returns it
+without building a Result)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -86,3 +88,38 @@ class Result:
         """The JSON form: every field but the timeline, in a stable order."""
         data = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "timeline"}
         return data
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """How good a plan is, in a form a search can rank.
+
+    ``valid`` False: the plan breaks ``rule`` (at ``op``, on ``tensor``). ``feasible``
+    False: it is valid but does not run in the budget; ``over_budget_bytes`` says by
+    how much (its peak with no budget, minus the budget), ``op`` where it stopped and
+    ``progress`` the share of the compute sequence that ran. Otherwise
+    ``iteration_us`` and ``overhead``.
+    """
+    valid: bool
+    feasible: bool
+    iteration_us: float
+    overhead: float
+    peak_bytes: int
+    over_budget_bytes: int = 0
+    progress: float = 1.0
+    rule: str | None = None
+    op: str | None = None
+    tensor: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.valid and self.feasible
+
+    def rank(self) -> tuple:
+        """Smaller is better: feasible plans by iteration time, then infeasible ones by
+        bytes over budget, then invalid ones by how late they break a rule."""
+        if self.ok:
+            return (0, self.iteration_us)
+        if self.valid:
+            return (1, self.over_budget_bytes, -self.progress)
+        return (2,)

@@ -5,8 +5,8 @@ The test machine moves 1 byte per microsecond over PCIe (0.001 GB/s) each way an
 """
 from __future__ import annotations
 
-from simulator import fastpath
 from simulator.api import Simulator
+from simulator.fast import explicit as fastpath
 from simulator.hardware import hardware_from_dict
 from simulator.plan import Plan, check_plan
 from tests.conftest import make_profile

@@ -15,9 +15,9 @@ import json
 import pytest
 
 from simulator.api import Simulator
+from simulator.compile.program import cpu_time_us
 from simulator.errors import InputError
 from simulator.plan import load, offload, plan_from_dict, prefetch, store
-from simulator.program import cpu_time_us
 from tests.conftest import make_profile
 from tests.engine_helpers import machine, plan
 

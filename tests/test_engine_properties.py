@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator import fastpath
 from simulator.errors import InputError
+from simulator.fast import explicit as fastpath
 from simulator.plan import Action, Plan, drop, offload, prefetch, recompute
 from simulator.profile import order_violation
 from tests.conftest import make_profile

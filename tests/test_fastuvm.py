@@ -1,5 +1,5 @@
-"""UVM mode's C run (simulator/fastuvm.py, simulator/_fastuvm.c) against the Python
-reference (simulator/engine.py _UvmRun): every field of the Result must be identical.
+"""UVM mode's C run (simulator/fast/uvm.py, simulator/fast/_fastuvm.c) against the Python
+reference (simulator/run/uvm.py _UvmRun): every field of the Result must be identical.
 
 The cases: the hand-computed ones of tests/test_uvm.py, plans of the UVM planners on
 shipped profiles at several budgets and on two machines, infeasible runs (an item that
@@ -20,20 +20,21 @@ import pytest
 from planner.core.api import make_plan
 from planner.uvm.deepum import deepum_actions
 from planner.uvm.oc_dnn import oc_dnn_actions
-from simulator import fastuvm
 from simulator.api import Simulator
 from simulator.catalog import open_profile
+from simulator.compile.lower import compile_program
+from simulator.compile.program import PlanInvalid
 from simulator.errors import InfeasibleError
+from simulator.fast import uvm as fastuvm
 from simulator.hardware import hardware_from_dict, load_hardware
 from simulator.plan import Plan, drop, load_plan, offload, prefetch, recompute
 from simulator.profile import load_profile
-from simulator.program import PlanInvalid, compile_program
 from tests.conftest import TWO_LAYER_OPS, TWO_LAYER_TENSORS, make_profile
 from tests.engine_helpers import CHAIN_OPS, CHAIN_TENSORS
 from tests.test_uvm import BARS, fault_profile, layered, ssd_machine, three_weights, uvm_machine, uvm_plan
 
 pytestmark = pytest.mark.skipif(not fastuvm.available(),
-                                reason="the C UVM run (simulator/_fastuvm.c) is not built: "
+                                reason="the C UVM run (simulator/fast/_fastuvm.c) is not built: "
                                        "`pip install -e .` or `python setup.py build_ext --inplace` builds it")
 
 A100 = "a100-40gb-pcie4"

@@ -15,9 +15,10 @@ import pytest
 
 from planner.core.placement import lowest_offset, place, place_blocks
 from simulator.api import Simulator
-from simulator.arena import Placement, Ranges
+from simulator.compile.arena import Placement
 from simulator.plan import Plan, offload, prefetch
 from simulator.profile import profile_sha256
+from simulator.run.arena import Ranges
 from tests.conftest import make_profile
 from tests.engine_helpers import machine
 

@@ -74,8 +74,8 @@ def test_every_named_function_and_test_exists():
 
 
 def test_the_checks_would_catch_a_stale_row():
-    assert not resolves("simulator.engine._Run.no_such_method")
+    assert not resolves("simulator.run.engine._Run.no_such_method")
     assert not resolves("simulator.no_such_module.f")
-    assert resolves("simulator.sequence.build_sequence")
-    assert c_function_exists("simulator/_fastsim.c:try_compute")
-    assert not c_function_exists("simulator/_fastsim.c:no_such_function")
+    assert resolves("simulator.compile.sequence.build_sequence")
+    assert c_function_exists("simulator/fast/_fastsim.c:try_compute")
+    assert not c_function_exists("simulator/fast/_fastsim.c:no_such_function")

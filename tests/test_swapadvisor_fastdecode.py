@@ -14,8 +14,8 @@ from planner.search.swapadvisor import decode
 from planner.search.swapadvisor.evaluate import Evaluator, Worker
 from planner.search.swapadvisor.schedule import Dag
 from planner.search.swapadvisor.search import Search
-from simulator import fastpath
 from simulator.catalog import open_profile
+from simulator.fast import explicit as fastpath
 from simulator.hardware import load_hardware
 from tests.test_swapadvisor import MACHINES, graphs
 from tracer.synthetic import synthesize

@@ -32,7 +32,7 @@ Departures from the paper, and why
 """
 from __future__ import annotations
 
-from simulator.codecs import compressed_bytes
+from simulator.compile.codecs import compressed_bytes
 from simulator.errors import InputError
 
 from ..core.api import fits

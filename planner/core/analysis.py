@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.compiled import compile_profile
+from simulator.compile.compiled import compile_profile
 from simulator.profile import Profile
 
 

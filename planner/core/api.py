@@ -7,12 +7,12 @@ import time
 from dataclasses import dataclass, replace
 
 from simulator.api import simulate
-from simulator.engine import check_budget
 from simulator.errors import InfeasibleError
 from simulator.hardware import Hardware
 from simulator.plan import Plan, PlannerInfo
 from simulator.profile import Profile, profile_sha256
 from simulator.result import Result
+from simulator.run.engine import check_budget
 
 from .analysis import budget_floor, uvm_floor
 from .bound import Bound, bound_fields, lower_bound

@@ -33,7 +33,7 @@ import bisect
 from dataclasses import dataclass
 from itertools import accumulate
 
-from simulator.compiled import link_speed
+from simulator.compile.compiled import link_speed
 from simulator.hardware import Hardware
 from simulator.profile import Profile
 

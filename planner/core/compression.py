@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from simulator.codecs import codec_problem, compressed_bytes
-from simulator.compiled import link_speed
+from simulator.compile.codecs import codec_problem, compressed_bytes
+from simulator.compile.compiled import link_speed
 from simulator.errors import InputError
 from simulator.hardware import Codec, Hardware
 from simulator.plan import Action

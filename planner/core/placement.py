@@ -2,7 +2,7 @@
 a runtime can lay out one arena and never ask an allocator (``swapplan place``).
 
 Lifetimes come from the simulated iteration of the plan under its budget
-(simulator/engine.py ``allocation_lifetimes``): each allocation holds its bytes from the
+(simulator/run/engine.py ``allocation_lifetimes``): each allocation holds its bytes from the
 instant it is made to the instant it is freed (to the end of the iteration for what is
 still held then: persistent tensors, which are placed first). A persistent tensor on the
 GPU at the start must end the iteration where it started (R50: the next iteration finds it
@@ -29,13 +29,14 @@ from dataclasses import replace
 import numpy as np
 
 from simulator.api import Simulator
-from simulator.arena import Placement, allocation_keys
-from simulator.engine import allocation_lifetimes
+from simulator.compile.arena import Placement, allocation_keys
+from simulator.compile.lower import compile_program
+from simulator.compile.program import PlanInvalid
 from simulator.errors import InputError
 from simulator.hardware import Hardware
 from simulator.plan import Plan, check_plan
 from simulator.profile import Profile
-from simulator.program import PlanInvalid, compile_program
+from simulator.run.engine import allocation_lifetimes
 
 METHODS = ("smartpool", "greedy-size", "first-fit")
 
@@ -126,7 +127,7 @@ class _Placed:
 
 
 def tied_keys(keys) -> dict[str, str]:
-    """For R50's allocation keys (``simulator.arena.allocation_keys``): each persistent
+    """For R50's allocation keys (``simulator.compile.arena.allocation_keys``): each persistent
     tensor on the GPU at the start, its first and last allocations, mapped to the tensor
     (the next iteration must find it where this one started it); its allocations in
     between are free to go anywhere. Tying every allocation of a persistent tensor to

@@ -110,9 +110,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.compile.compiled import link_speed
 from simulator.plan import Action, drop, offload, prefetch, recompute
 from simulator.profile import Profile
-from simulator.compiled import link_speed
 
 from ..core.analysis import op_start_us, touches
 from ..core.api import score

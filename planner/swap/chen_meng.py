@@ -60,7 +60,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, replace
 
 from simulator.api import Simulator
-from simulator.compiled import link_speed
+from simulator.compile.compiled import link_speed
 from simulator.plan import Plan, offload, prefetch
 from simulator.profile import profile_sha256
 

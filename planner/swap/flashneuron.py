@@ -58,8 +58,8 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from simulator.api import Simulator
+from simulator.compile.compiled import link_speed
 from simulator.plan import Plan, offload, prefetch
-from simulator.compiled import link_speed
 
 from ..core.analysis import op_start_us, touches, working_set
 from ..core.estimate import MemoryEstimate

@@ -33,7 +33,7 @@ How the paper's terms map onto this simulator:
 - Bandwidth is accounted as link time: kernel k offers ``time_us[k]`` on each of
   ``pcie_up``, ``pcie_down``, ``ssd_write``, ``ssd_read`` (and of the one copy engine on
   a half-duplex machine). A move runs for its lone duration (latency + bytes / the
-  slowest link's bandwidth, ``simulator.compiled.link_speed``) and uses each link it
+  slowest link's bandwidth, ``simulator.compile.compiled.link_speed``) and uses each link it
   crosses in proportion to its share of that link's bandwidth, as the simulator shares
   links (R17): an SSD move takes bytes / PCIe bandwidth of PCIe time, which leaves the
   rest of PCIe to host moves. For a host move this is "bandwidth x kernel time".
@@ -109,8 +109,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.compile.compiled import link_speed
 from simulator.plan import drop, offload, prefetch
-from simulator.compiled import link_speed
 
 from ..core.analysis import idle_gaps, op_start_us, touches
 from ..core.api import score

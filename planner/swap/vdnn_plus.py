@@ -38,8 +38,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import replace
 
-from simulator.arena import Placement
-from simulator.compiled import link_speed
+from simulator.compile.arena import Placement
+from simulator.compile.compiled import link_speed
 from simulator.errors import InputError
 from simulator.plan import Plan
 from simulator.profile import profile_sha256

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from simulator.compiled import link_speed
+from simulator.compile.compiled import link_speed
 from simulator.profile import Profile
 
 from ...core.analysis import idle_gaps, op_start_us

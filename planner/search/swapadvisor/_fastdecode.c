@@ -20,7 +20,7 @@
  *
  * The result: (kinds, tensors, afters, befores, initial, identity, swaps, recomputes,
  * over_bytes). kinds: bytes in the simulator's action codes (0 offload, 1 prefetch,
- * 2 drop, 3 recompute: simulator/_fastsim.c); tensors, afters and befores (op index or
+ * 2 drop, 3 recompute: simulator/fast/_fastsim.c); tensors, afters and befores (op index or
  * -1) and initial (tensors that start in host memory): bytes of int32; identity: whether
  * the order is the profile's.
  *

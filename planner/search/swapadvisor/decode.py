@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from simulator.compiled import link_speed
+from simulator.compile.compiled import link_speed
 from simulator.plan import Action, drop, offload, prefetch, recompute
 from simulator.profile import Profile
 

@@ -13,9 +13,9 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from simulator import fastpath
 from simulator.api import Simulator
 from simulator.errors import InputError
+from simulator.fast import explicit as fastpath
 from simulator.plan import Plan
 
 from .decode import Decoded, Decoder, Problem

@@ -12,7 +12,7 @@ import heapq
 
 import numpy as np
 
-from simulator.compiled import compile_profile
+from simulator.compile.compiled import compile_profile
 from simulator.profile import Profile
 
 

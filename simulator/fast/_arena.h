@@ -1,4 +1,4 @@
-/* The arena both C fast paths allocate from (simulator/_fastsim.c and
+/* The arena both C fast paths allocate from (simulator/fast/_fastsim.c and
  * planner/search/swapadvisor/_fastdecode.c): every array of one call, freed together; the list
  * of blocks grows as needed, and a failed allocation marks the arena failed. */
 #ifndef SWAPPLAN_ARENA_H

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .profile import Profile
+from ..profile import Profile
 
 
 @dataclass(frozen=True, slots=True)

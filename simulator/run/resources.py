@@ -2,7 +2,7 @@
 (as SimPy keeps its resources apart from its environment): a FIFO stream, the links
 shared by max-min fairness, GPU memory, and the host and SSD tiers.
 
-simulator/engine.py drives them in simulated time; the executor can drive the same
+simulator/run/engine.py drives them in simulated time; the executor can drive the same
 rules in real time. All arithmetic is on integers (R3): bytes, picoseconds, bytes/s.
 """
 from __future__ import annotations
@@ -132,7 +132,7 @@ class Memory:
     def fits(self, extra: int) -> bool:
         return self.used + extra <= self.budget
 
-    # where memory has address ranges (simulator/arena.py), these also find the ranges
+    # where memory has address ranges (simulator/run/arena.py), these also find the ranges
     def fits_item(self, k: int, extra: int) -> bool:
         return self.used + extra <= self.budget
 

@@ -1,7 +1,7 @@
 """The fast path: a compiled profile, machine and plan as flat arrays for the C simulator.
 
-``simulate`` and ``score`` compile and run a plan in C (simulator/_fastsim.c: the same
-rules, in the same order, as simulator/program.py and simulator/engine.py). The C code
+``simulate`` and ``score`` compile and run a plan in C (simulator/fast/_fastsim.c: the same
+rules, in the same order, as simulator/compile/program.py and simulator/run/engine.py). The C code
 reports valid, invalid (rule, op, tensor) and infeasible (what waits, bytes needed and
 free, largest residents) runs itself; only the text of an invalid plan's reason comes
 from the Python compile. Times come back as integer picoseconds and are converted here
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from array import array
 
-from .compiled import CompiledProfile, Machine
-from .engine import Blocked, describe
-from .plan import Plan
-from .result import Result
-from .units import MAX_COUNT, ps_to_us
+from ..compile.compiled import CompiledProfile, Machine
+from ..plan import Plan
+from ..result import Result, Score
+from ..run.engine import Blocked, describe
+from ..units import MAX_COUNT, ps_to_us
 
 try:
     from . import _fastsim
@@ -118,7 +118,7 @@ def _result(compiled: CompiledProfile, machine: Machine, out: tuple, budget: int
                  "ssd_read": ps_to_us(stream_busy[2]), "ssd_write": ps_to_us(stream_busy[3])},
         link_bytes=dict(zip(("pcie_down", "pcie_up", "ssd_read_link", "ssd_write_link"), link_bytes)),
         host_peak_bytes=host_peak, ssd_peak_bytes=ssd_peak, transfers=n_transfers, recomputes=n_recomputes,
-        faults=0, fault_bytes=0, evictions=0, writeback_bytes=0,   # UVM plans take fastuvm.py's path
+        faults=0, fault_bytes=0, evictions=0, writeback_bytes=0,   # UVM plans take fast/uvm.py's path
         stall_by_op={ops[op]: {"data_us": ps_to_us(d), "memory_us": ps_to_us(m)} for op, d, m in stalls},
         progress=progress)
     result.link_utilisation = {name: (nbytes * 10**12 / (cap * end) if end else 0.0)
@@ -161,7 +161,6 @@ def score(compiled: CompiledProfile, machine: Machine, plan: Plan, budget: int, 
 
 def score_packed(compiled: CompiledProfile, machine: Machine, packed: tuple, budget: int, check):
     """``score`` of a plan packed already (``pack_plan`` or ``pack_positions``)."""
-    from .api import Score
     out = _run(compiled, machine, packed, budget, check)
     status = out[0]
     if status == OVERFLOW:

@@ -4,7 +4,7 @@
 latencies (picoseconds) and the route of each kind of transfer (R3, R17, R18);
 ``compile_profile`` turns a Profile into op times in picoseconds, tensor sizes and the
 facts every compile of a plan reuses. Both are immutable: the run state lives in
-simulator/engine.py, a plan's static program in simulator/program.py.
+simulator/run/engine.py, a plan's static program in simulator/compile/program.py.
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
 
-from .hardware import Hardware
-from .profile import Profile, profile_sha256, update_order_pairs
+from ..hardware import Hardware
+from ..profile import Profile, profile_sha256, update_order_pairs
+from ..units import gbps_to_bytes_per_s, us_to_ps
 from .sequence import Sequence, build_sequence
-from .units import gbps_to_bytes_per_s, us_to_ps
 
 STREAMS = ("h2d", "d2h", "ssd_read", "ssd_write")            # R1: FIFO queues
 LINKS = ("pcie_down", "pcie_up", "ssd_read_link", "ssd_write_link")  # R17: shared by bandwidth
@@ -47,7 +47,7 @@ class Machine:
     has_ssd: bool
     host_bytes: int
     ssd_bytes: int
-    packed: tuple        # simulator/fastpath.py: the machine as _fastsim reads it
+    packed: tuple        # simulator/fast/explicit.py: the machine as _fastsim reads it
     cpu: tuple | None = None   # (tflops, mem_gbps, launch_us) of the host CPU (R25), if described
     uvm: "UvmMachine | None" = None   # managed memory (R30-R37)
     codecs: dict = None        # codec name -> hardware.Codec (R40-R42)
@@ -153,7 +153,7 @@ class CompiledProfile:
     profile_order: array                     # op positions 0..n-1 (the schedule of a plan without one)
     sha256: str                              # of the canonical profile (plans name their profile by it)
     op_starts_us: tuple[float, ...]          # each op's start on the ideal timeline, then its end (planners)
-    arrays: tuple                            # simulator/fastpath.py: what _fastsim reads
+    arrays: tuple                            # simulator/fast/explicit.py: what _fastsim reads
 
 
 _compiled: dict[int, tuple[weakref.ref, CompiledProfile]] = {}

@@ -10,10 +10,10 @@ import io
 import math
 from dataclasses import replace
 
-from .errors import InputError
-from .files import read_bytes
-from .profile import Profile, Variant
-from .units import MAX_BYTES, MAX_US
+from ..errors import InputError
+from ..files import read_bytes
+from ..profile import Profile, Variant
+from ..units import MAX_BYTES, MAX_US
 
 COLUMNS = ("op", "name", "time_us", "workspace_bytes")
 

@@ -4,17 +4,17 @@
  * One call, `_fastsim.run(profile_arrays, machine, plan, budget)`, does what the Python
  * reference does for one plan, in the same order and with the same integer arithmetic:
  *
- *   1. the rules checked before the walk (simulator/program.py check_plan_rules: R21, R20
+ *   1. the rules checked before the walk (simulator/compile/program.py check_plan_rules: R21, R20
  *      for initial placements, R15 for recomputes of persistent tensors);
- *   2. the compute sequence (simulator/sequence.py: R5, R8);
- *   3. the static walk (simulator/program.py _Compiler: R11-R16, R20). Python visits only
+ *   2. the compute sequence (simulator/compile/sequence.py: R5, R8);
+ *   3. the static walk (simulator/compile/program.py _Compiler: R11-R16, R20). Python visits only
  *      the "interesting" items; the others change no state, so walking every item
  *      decides the same;
- *   4. the run (simulator/engine.py _Run) over the resources of simulator/resources.py:
+ *   4. the run (simulator/run/engine.py _Run) over the resources of simulator/run/resources.py:
  *      FIFO streams, links shared by max-min fairness (progressive filling, integer floor
  *      division), GPU memory, host and SSD tiers.
  *
- * The argument and result layouts are those of simulator/fastpath.py (ABI 2):
+ * The argument and result layouts are those of simulator/fast/explicit.py (ABI 2):
  *   OK / INFEASIBLE: (status, end, last compute end, compute, recompute, stall data,
  *     stall memory, peak bytes, peak at, busy per stream x4, bytes per link x4, host peak,
  *     SSD peak, transfers, recomputes, stalls, blocked, progress)
@@ -40,7 +40,7 @@ typedef __int128 i128;
 enum { ST_OK = 0, ST_INVALID = 1, ST_INFEASIBLE = 2, ST_OVERFLOW = 3, ST_NOMEM = -1 };
 enum { A_OFFLOAD = 0, A_PREFETCH = 1, A_DROP = 2, A_RECOMPUTE = 3 };
 enum { NSTREAM = 4, NLINK = 4, NROUTE = 4 };
-/* a planned tensor's state in the walk (program.py) */
+/* a planned tensor's state in the walk (compile/program.py) */
 enum { UNBORN = 0, GPU, LEAVING, AWAY, INCOMING, DEAD };
 /* blocked.what (fastpath._WHAT) */
 enum { W_START = 0, W_OP, W_RECOMPUTE, W_PREFETCH, W_STUCK, W_CAPACITY };
@@ -73,7 +73,7 @@ static int group_by(Arena *a, int64_t n, const int32_t *keys, const int32_t *val
 typedef struct { int stream, link[2], nlinks, engine; int64_t latency; } Route;
 
 typedef struct {
-    /* profile: simulator/compiled.py _arrays */
+    /* profile: simulator/compile/compiled.py _arrays */
     int32_t nt, no, np;
     const int64_t *tensor_bytes, *op_ps, *op_ws;
     const uint8_t *persistent;
@@ -116,7 +116,7 @@ typedef struct {
     int kind;
 } Blocked;
 
-/* ================================================================== the compute sequence (sequence.py) */
+/* ================================================================== the compute sequence (compile/sequence.py) */
 
 typedef struct {
     /* R5: item k runs op item_op[k]; a recompute of item_rec[k] (or -1) before op item_group[k] */
@@ -128,7 +128,7 @@ typedef struct {
     int64_t *use_off; int32_t *use_item;   /* per tensor: items that read or update it */
     int64_t *rec_off; int32_t *rec_item;   /* per tensor: its recompute items */
     int64_t *free_off; int32_t *free_t;    /* per item: R8 last uses, in tensor order */
-    /* the program (program.py Program) */
+    /* the program (compile/program.py Program) */
     int32_t n_transfers, n_drops;
     uint8_t *t_kind, *t_tier;
     int32_t *t_tensor, *t_source, *t_last_reader, *t_before_item, *t_after_op;
@@ -277,7 +277,7 @@ static int check_plan_rules(const In *in, Arena *a, Invalid *bad) {
     return ST_OK;
 }
 
-/* ================================================================== the static walk (program.py _Compiler) */
+/* ================================================================== the static walk (compile/program.py _Compiler) */
 
 typedef struct {
     const In *in;
@@ -548,7 +548,7 @@ static int compile_plan(const In *in, Prog *p, Arena *a, Invalid *bad) {
     return ST_OK;
 }
 
-/* ================================================================== resources (resources.py) */
+/* ================================================================== resources (run/resources.py) */
 
 /* Phases of the transfer a stream runs (R17): its latency (holding the stream, not the
  * links), then its flow; FLOW_DONE: the flow has left the links, the end is being applied. */
@@ -745,7 +745,7 @@ static void block(Run *r, int rule, int what, int32_t op, int32_t tensor, i128 n
     if (with_residents) largest(r, b);
 }
 
-/* ================================================================== the run loop (engine.py _Run) */
+/* ================================================================== the run loop (run/engine.py _Run) */
 
 /* ---------------------------------------------------------------- completions */
 
@@ -1241,7 +1241,7 @@ static int read_inputs(PyObject *profile, PyObject *machine, PyObject *plan, lon
         seen[in->order[x]] = 1;
     }
     memset(seen, 0, (size_t)(no > nt ? no : nt));
-    for (Py_ssize_t i = 0; i < buf_len(&pb[10]); i++) {   /* outputs deduplicated (compiled.py) */
+    for (Py_ssize_t i = 0; i < buf_len(&pb[10]); i++) {   /* outputs deduplicated (compile/compiled.py) */
         if (seen[in->out_idx[i]]) return bad_input("repeats a tensor", pnames[10], i);
         seen[in->out_idx[i]] = 1;
     }
@@ -1371,7 +1371,7 @@ done:
 /* ------------------------------------------------------------------ packing actions */
 
 /* pack_actions(actions, tensor_index, op_index) -> (kinds, tiers, tensors, afters, befores)
- * as bytes (the last three of int32 values): what simulator/fastpath.py would build with
+ * as bytes (the last three of int32 values): what simulator/fast/explicit.py would build with
  * five passes in Python, in one. A malformed action (a kind, tier or field combination
  * that check_plan rejects) is a ValueError, an unknown id a KeyError; fastpath then runs
  * check_plan to word the error. */
@@ -1455,13 +1455,13 @@ static PyObject *fastsim_pack_actions(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"run", fastsim_run, METH_VARARGS,
-     "run(profile_arrays, machine, plan, budget): compile and run one packed plan (simulator/fastpath.py)."},
+     "run(profile_arrays, machine, plan, budget): compile and run one packed plan (simulator/fast/explicit.py)."},
     {"pack_actions", fastsim_pack_actions, METH_VARARGS,
      "pack_actions(actions, tensor_index, op_index): the plan's actions as five packed columns."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastsim",
-                                    "The simulator's fast path in C (simulator/fastpath.py packs its input).",
+                                    "The simulator's fast path in C (simulator/fast/explicit.py packs its input).",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__fastsim(void) {

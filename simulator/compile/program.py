@@ -27,13 +27,13 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
+from ..errors import InputError
+from ..plan import Action, Plan
+from ..profile import Profile, order_violation
+from ..units import us_to_ps
 from .arena import allocation_keys, placement_problem
 from .codecs import codec_problem, codec_ps, compressed_bytes
 from .compiled import CompiledProfile, Machine, Route
-from .errors import InputError
-from .units import us_to_ps
-from .plan import Action, Plan
-from .profile import Profile, order_violation
 from .sequence import CodecItem, Sequence, build_sequence
 
 UNBORN, GPU, LEAVING, AWAY, INCOMING, DEAD = "unborn", "gpu", "leaving", "away", "incoming", "dead"
@@ -94,12 +94,12 @@ class Program:
     cpu_ps: dict = None                  # CPU item -> its time in ps (R25)
     deps: dict = None                    # item -> the latest item of the other stream it waits for (R27)
     host_waits: dict = None              # CPU item -> transfers that wrote its host copies (R26)
-    uvm: bool = False                    # managed memory (R30-R37): simulator/uvm.py compiled it
+    uvm: bool = False                    # managed memory (R30-R37): simulator/compile/uvm.py compiled it
     read_mostly: frozenset = frozenset()  # UVM: tensor ids advised read-mostly (R34)
     backing: str = "host"                # UVM: the tier behind managed memory (R35)
     buffer_bytes: dict = None            # codecs (R41, R42): encoded GPU buffer id -> bytes
     placement: object = None             # R50: the plan's Placement, checked against ``keys``
-    keys: object = None                  # R50, R51: every GPU allocation's key (simulator/arena.py)
+    keys: object = None                  # R50, R51: every GPU allocation's key (simulator/compile/arena.py)
     group_names: dict = None             # R53: a group's lead transfer -> the group id
     lossy: tuple = ()                    # tensors a lossy codec encodes (R40)
 
@@ -187,20 +187,17 @@ def check_plan_rules(profile: Profile, plan: Plan) -> None:
                               f"recompute of persistent tensor {action.tensor!r} ({tensors[action.tensor].kind})")
 
 
-def compile_program(profile: Profile, compiled: CompiledProfile, plan: Plan, machine: Machine) -> Program:
-    """Build the program and check every rule decidable from the plan.
+def compile_explicit(profile: Profile, compiled: CompiledProfile, plan: Plan, machine: Machine) -> Program:
+    """Build the program of an explicit-mode plan and check every rule decidable from it.
 
     Only the tensors the plan names can leave the GPU, so the walk visits only the
     items that touch them (their uses, producer and last use), the recomputes, and the
     ops that have actions after them or prefetches before them: its cost grows with
     the plan, not the profile. Raises PlanInvalid (rule, op, tensor, reason). Assumes
-    ``check_plan`` passed (ids are known, SSD actions have an SSD).
+    ``check_plan`` passed (ids are known, SSD actions have an SSD) and, for a plan with
+    codecs, ``check_codec_names`` (simulator/compile/lower.py's ``compile_program`` runs
+    both checks in order and picks this or UVM mode's compile).
     """
-    if plan.uses_codecs:
-        check_codec_names(plan, machine)
-    if plan.memory == "uvm":
-        from .uvm import compile_uvm   # R30-R37: the static rules of UVM mode
-        return compile_uvm(profile, compiled, plan, machine)
     check_plan_rules(profile, plan)
     program = _Compiler(profile, compiled, plan, machine).compile()
     if plan.uses_groups:
@@ -231,7 +228,8 @@ def group_transfers(program: Program, plan: Plan) -> None:
     plan order, leads (its flow moves every member's bytes after one latency) and the
     others leave the queues (each member's copy completes when the lead's ends). They
     must be of one kind, issued after the same item, with the same ``before`` (for
-    prefetches) and tier; raises PlanInvalid otherwise."""
+    prefetches) and tier, and none may move a compute codec's buffer; raises PlanInvalid
+    otherwise."""
     sinks = [(-1, program.start_actions)] + sorted(program.actions.items())
     where: dict[str, int] = {}
     program.group_names = {}
@@ -247,6 +245,12 @@ def group_transfers(program: Program, plan: Plan) -> None:
                 raise PlanInvalid("R53", item.after_op, item.tensor,
                                   f"{item.kind} of {item.tensor!r} in group {group!r} is issued after another op "
                                   "(or encode) than the group's first member: a group is one transfer")
+            if item.buffer is not None:     # a compute codec's transfer (R41)
+                codec = plan.actions[item.action].codec
+                raise PlanInvalid("R53", item.after_op, item.tensor,
+                                  f"{item.kind} of {item.tensor!r} with compute codec {codec!r} cannot join group "
+                                  f"{group!r}: it is issued around its own encode or decode kernel (R41), so it "
+                                  "is not one transfer with the others")
             where[group] = k
             lead = leads.get(group)
             if lead is None:

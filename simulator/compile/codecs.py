@@ -5,15 +5,15 @@ A codec is named in the hardware file (``codecs``: simulator/hardware.py ``Codec
 compression, its ``density`` (the profile's measured fraction of non-zero elements);
 ``where`` fixes who pays: the copy engine (``dma``: nothing but the smaller transfer) or
 GPU kernels on the compute stream (``compute``: the uncompressed bytes at the codec's
-encode or decode throughput). Pure functions: simulator/program.py applies the rules.
+encode or decode throughput). Pure functions: simulator/compile/program.py applies the rules.
 """
 from __future__ import annotations
 
 import math
 
-from .hardware import Codec
-from .profile import Profile, Tensor
-from .units import gbps_to_bytes_per_s
+from ..hardware import Codec
+from ..profile import Profile, Tensor
+from ..units import gbps_to_bytes_per_s
 
 ELEMENT_BYTES = {"fp64": 8, "fp32": 4, "fp16": 2, "bf16": 2, "int64": 8, "int32": 4, "int16": 2,
                  "int8": 1, "uint8": 1, "bool": 1}
@@ -27,14 +27,14 @@ def element_bytes(tensor: Tensor) -> int:
 
 def compressed_bytes(tensor: Tensor, codec: Codec) -> int:
     """R40: the size of ``tensor`` encoded by ``codec``. n = bytes / element size;
-    zvc: a 1-bit mask plus the non-zero values, ceil(n/8) + round(density x n) x size;
+    zvc: a 1-bit mask plus the non-zero values, ceil(n/8) + floor(density x n + 0.5) x size;
     fp16/bf16: 2n; int8: n; binarize: ceil(n/8)."""
     size = element_bytes(tensor)
     n = tensor.bytes // size
     fmt = codec.format
     if fmt == "zvc":
         density = 1.0 if tensor.density is None else tensor.density
-        return -(-n // 8) + round(density * n) * size
+        return -(-n // 8) + math.floor(density * n + 0.5) * size   # halves up, as R3 rounds
     if fmt in ("fp16", "bf16"):
         return 2 * n
     if fmt == "int8":

@@ -1,9 +1,9 @@
-"""UVM mode's fast path: a compiled UVM program as flat arrays for simulator/_fastuvm.c.
+"""UVM mode's fast path: a compiled UVM program as flat arrays for simulator/fast/_fastuvm.c.
 
-``simulate`` compiles a plan with ``"memory": "uvm"`` in Python (simulator/uvm.py
+``simulate`` compiles a plan with ``"memory": "uvm"`` in Python (simulator/compile/uvm.py
 ``compile_uvm``: its rules, and the wording of a broken one) and runs the two iterations
-of R36 in C, which does what simulator/engine.py's ``_UvmRun`` does with simulator/uvm.py's
-``UvmMemory``, in the same order and with the same integer arithmetic. The Result is built
+of R36 in C, which does what simulator/run/uvm.py's ``_UvmRun`` does with
+simulator/run/uvm_memory.py's ``UvmMemory``, in the same order and with the same integer arithmetic. The Result is built
 here exactly as ``_UvmRun._fill`` builds it, times converted with ``ps_to_us``.
 
 The C code covers full-duplex PCIe with host backing. ``simulate`` returns None where it
@@ -18,13 +18,15 @@ from __future__ import annotations
 from array import array
 from collections import Counter
 
-from .compiled import LINKS, PCIE_DOWN, PCIE_UP, CompiledProfile, Machine
-from .engine import Blocked, _touches, describe, invalid_result
-from .plan import Plan
-from .profile import Profile
-from .program import Drop, PlanInvalid, Program, compile_program
-from .result import Result
-from .units import ps_to_us
+from ..compile.compiled import LINKS, PCIE_DOWN, PCIE_UP, CompiledProfile, Machine
+from ..compile.lower import compile_program
+from ..compile.program import Drop, PlanInvalid, Program
+from ..plan import Plan
+from ..profile import Profile
+from ..result import Result
+from ..run.engine import Blocked, describe, invalid_result
+from ..run.uvm import _touches
+from ..units import ps_to_us
 
 try:
     from . import _fastuvm
@@ -97,7 +99,7 @@ def _csr(rows) -> tuple[array, array]:
 
 def _sequence(seq, compiled: CompiledProfile) -> tuple[tuple, int]:
     """The per-item arrays of a compute sequence, once per sequence (kept on it, as
-    engine.py's ``_touches`` keeps its lists): times, workspaces, bytes allocated, what
+    simulator/run/uvm.py's ``_touches`` keeps its lists): times, workspaces, bytes allocated, what
     each item pins, reads (then updates), makes and updates (R31), and the tensors whose
     last use it is (R7); with a bound on the bytes one item or transfer can move."""
     found = getattr(seq, "_uvm_arrays", None)

@@ -1,13 +1,12 @@
-"""Unified memory (R30-R38 of docs/simulation.md): plans with ``"memory": "uvm"``.
+"""Unified memory in time (R30-R38 of docs/simulation.md): plans with ``"memory": "uvm"``.
 
 In UVM mode the GPU is a cache of managed memory, as with cudaMallocManaged: a tensor
 that is not on the GPU when an item needs it faults in, a full GPU evicts, and the
-plan's actions are migration hints. The event loop is simulator/engine.py's (``_UvmRun``
+plan's actions are migration hints. The event loop is simulator/run/uvm.py's (``_UvmRun``
 drives the same compute stream, the same FIFO streams ``h2d`` and ``d2h``, the same link
-capacities); this module holds the two parts that differ from the explicit mode:
+capacities) and the static rules are simulator/compile/uvm.py's (``compile_uvm``); this
+module holds the memory that differs from the explicit mode:
 
-- ``compile_uvm``: the static rules of a UVM plan (which actions it may hold, offload
-  windows, what waits for what), producing the ``Program`` the engine runs;
 - ``UvmMemory``: the memory policy: tensors cut into blocks, residency as runs of
   blocks that arrived together (each with its arrival stamp), eviction by arrival
   order skipping pinned tensors, the committed-byte ledger that decides room, and the
@@ -29,181 +28,15 @@ recurrence ``end_i = max(end_(i-1), room_i) + duration_i``, instead of one event
 """
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections import OrderedDict
 from functools import lru_cache
 from heapq import heappop, heappush
 from itertools import accumulate, count
 
-from .compiled import PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD_WRITE_LINK, CompiledProfile, Machine
-from .plan import Plan
-from .profile import Profile
+from ..compile.compiled import PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD_WRITE_LINK, CompiledProfile, Machine
 
 PS_PER_S = 10**12
-
-
-# ----------------------------------------------------------------------------- compile
-
-
-def compile_uvm(profile: Profile, compiled: CompiledProfile, plan: Plan, machine: Machine):
-    """The static rules of a UVM plan (R33, R36, and v2's R11, R12, R20, R21 as R33 keeps
-    them); raises PlanInvalid. Returns a ``Program`` with ``uvm`` set.
-
-    In UVM mode recomputes, ``load``, ``store`` and ops on the CPU are not modelled
-    (invalid); offloads and prefetches name the backing tier; ``initial`` places
-    persistent tensors in the backing tier. R13 (a use of a tensor that is not resident)
-    and R20 (steady state) do not apply: a use faults, and R36 runs two iterations.
-    """
-    from .program import Drop, PlanInvalid, Program, Transfer, check_plan_rules, compute_sequence
-
-    backing = plan.uvm_backing or machine.uvm.backing
-    check_plan_rules(profile, plan)   # R21, R20 (initial: persistent only), R15 (persistent recompute)
-    for action in plan.actions:
-        if action.codec is not None:
-            raise PlanInvalid("R33", action.after or action.before, action.tensor,
-                              f"{action.kind} of {action.tensor!r} with codec {action.codec!r}: UVM mode models "
-                              "no codecs (R40-R42)")
-        if action.group is not None:
-            raise PlanInvalid("R33", action.after, action.tensor, f"{action.kind} of {action.tensor!r} in group "
-                              f"{action.group!r}: UVM mode's hints are not grouped (R53 is for explicit copies)")
-        if action.kind in ("recompute", "load", "store"):
-            raise PlanInvalid("R33", action.before if action.kind == "recompute" else action.after, action.tensor,
-                              f"{action.kind} of {action.tensor!r}: UVM mode models no recomputes and no "
-                              "SSD <-> host moves; its actions are offload and prefetch hints (and drops of "
-                              "read-mostly tensors)")
-    if plan.cpu_ops:
-        raise PlanInvalid("R33", plan.cpu_ops[0], None, "ops on the CPU (cpu_ops) are not modelled in UVM mode")
-    if plan.placement is not None:
-        raise PlanInvalid("R33", None, None, "a placement (R50) is for explicit copies; in UVM mode the driver "
-                                             "places blocks")
-    for tid, tier in plan.initial.items():
-        if tier != backing:
-            raise PlanInvalid("R36", None, tid, f"{tid!r} starts in {tier}, but managed memory is backed by "
-                                                f"{backing} (the plan's uvm_backing, else the machine's uvm.backing)")
-    seq = compute_sequence(profile, compiled, plan)
-    tensors, uses, op_item = profile.tensor_by_id, seq.uses, seq.op_item
-    read_mostly = frozenset(plan.read_mostly)
-    route_in, route_out = machine.route("prefetch", "host"), machine.route("offload", "host")
-
-    def where(k: int) -> str:
-        return seq.group[k] if k >= 0 else "iteration start"
-
-    def invalid(rule: str, k: int, tid: str, reason: str):
-        return PlanInvalid(rule, seq.group[k] if k >= 0 else None, tid, reason)
-
-    def life(tid: str) -> tuple[int, int] | None:
-        """(producer item, last item it lives through) of a non-persistent tensor."""
-        if tensors[tid].persistent:
-            return None
-        made = op_item[profile.ops[profile.producer[tid]].id]
-        used = uses.get(tid)
-        return made, used[-1] if used else made
-
-    def check_alive(tid: str, k: int, what: str, rule: str) -> None:
-        span = life(tid)
-        if span is None:
-            return
-        if k < span[0]:
-            raise invalid(rule, k, tid, f"{what} of {tid!r} after {where(k)}: it is not produced yet")
-        if k >= span[1]:
-            raise invalid(rule, k, tid, f"{what} of {tid!r} after {where(k)}: it is freed after its last use")
-
-    update_items: dict[str, list[int]] = {}
-
-    def updated_in(tid: str, lo: int, hi: int) -> int | None:
-        """The first item in (lo, hi] that updates tid, if any."""
-        items = update_items.get(tid)
-        if items is None:
-            items = update_items[tid] = sorted(op_item[profile.ops[u].id] for u in profile.updaters[tid])
-        i = bisect_right(items, lo)
-        return items[i] if i < len(items) and items[i] <= hi else None
-
-    open_window: dict[str, tuple] = {}     # tensor -> (offload, issue item)
-    last_offload: dict[str, object] = {}
-
-    def close(tid: str, upto: int) -> None:
-        """R11: the window of tid's open offload runs over items (k, upto]; reads there
-        are its readers, an update there breaks the rule."""
-        transfer, k = open_window.pop(tid)
-        bad = updated_in(tid, k, upto)
-        if bad is not None:
-            raise invalid("R11", bad, tid, f"op {seq.group[bad]!r} updates {tid!r} during its offload window")
-        used = uses.get(tid, [])
-        i = bisect_right(used, upto) - 1
-        transfer.last_reader = used[i] if i >= 0 and used[i] > k else -1
-
-    transfers: list = []
-    waits: dict[int, list] = {}
-    actions_at: dict[int, list] = {}
-    start_actions: list = []
-    order = sorted(range(len(plan.actions)),
-                   key=lambda i: (-1 if plan.actions[i].after is None else op_item[plan.actions[i].after], i))
-    for i in order:
-        action = plan.actions[i]
-        tid = action.tensor
-        k = -1 if action.after is None else op_item[action.after]
-        sink = start_actions if k < 0 else actions_at.setdefault(k, [])
-        nbytes = tensors[tid].bytes
-        if action.kind == "drop":
-            if tid in open_window:
-                raise invalid("R14", k, tid, f"drop of {tid!r} after {where(k)}: inside the window of its offload, "
-                                             "which releases the GPU copy itself")
-            if tid not in read_mostly or profile.updaters[tid]:
-                raise invalid("R33", k, tid, f"drop of {tid!r} after {where(k)}: in UVM mode only a read-mostly "
-                                             "tensor that no op updates keeps a valid backing copy to drop to")
-            check_alive(tid, k, "drop", "R14")
-            sink.append(Drop(i, tid))
-        elif action.kind == "offload":
-            if action.to != backing:
-                raise invalid("R33", k, tid, f"offload of {tid!r} to {action.to}: managed memory is backed by "
-                                             f"{backing} here")
-            check_alive(tid, k, "offload", "R11")
-            if tid in open_window:
-                raise invalid("R11", k, tid, f"offload of {tid!r} after {where(k)}: it is already being offloaded")
-            transfer = Transfer(len(transfers), i, "offload", tid, nbytes, backing, route_out, -1, -1, -1,
-                                action.after)
-            open_window[tid] = (transfer, k)
-            last_offload[tid] = transfer
-            transfers.append(transfer)
-            sink.append(transfer)
-        else:   # prefetch
-            if action.source != backing:
-                raise invalid("R33", k, tid, f"prefetch of {tid!r} from {action.source}: managed memory is backed "
-                                             f"by {backing} here")
-            before_item = -1
-            if action.before is not None:
-                before_item = seq.group_start[action.before]
-                if before_item <= k:
-                    raise invalid("R12", k, tid, f"prefetch of {tid!r}: before op {action.before!r} does not "
-                                                 f"come after {where(k)}")
-                if not tensors[tid].persistent and bisect_left(uses.get(tid, []), before_item) >= len(uses.get(tid, [])):
-                    raise invalid("R12", k, tid, f"prefetch of {tid!r}: it is not used at or after "
-                                                 f"op {action.before!r}")
-            elif not tensors[tid].persistent:
-                raise invalid("R12", k, tid, f"prefetch of {tid!r} with before=null: only persistent tensors can "
-                                             "be returned by the end of the iteration")
-            check_alive(tid, k, "prefetch", "R12")
-            if tid in open_window:
-                close(tid, k)
-            source = last_offload.get(tid)
-            transfer = Transfer(len(transfers), i, "prefetch", tid, nbytes, backing, route_in,
-                                -1 if source is None else source.index, -1, before_item, action.after)
-            if before_item >= 0:
-                waits.setdefault(before_item, []).append(transfer)
-            transfers.append(transfer)
-            sink.append(transfer)
-    for tid in list(open_window):
-        close(tid, len(seq))
-    releases: dict[int, list] = {}
-    for transfer in transfers:
-        if transfer.kind == "offload" and transfer.last_reader >= 0:
-            releases.setdefault(transfer.last_reader, []).append(transfer)
-    return Program(seq=seq, waits=waits, releases=releases, actions=actions_at, start_actions=start_actions,
-                   transfers=transfers, initial_copies=dict(plan.initial), uvm=True, read_mostly=read_mostly,
-                   backing=backing)
-
-
-# ----------------------------------------------------------------------------- residency
 
 
 class PageCache:

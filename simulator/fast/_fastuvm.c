@@ -1,27 +1,27 @@
 /*
- * UVM mode's run in C (R30-R37 of docs/simulation.md): the fast path of simulator/fastuvm.py.
+ * UVM mode's run in C (R30-R37 of docs/simulation.md): the fast path of simulator/fast/uvm.py.
  *
  * One call, `_fastuvm.run(sequence, program, tensors, machine, budget)`, runs the two
- * back-to-back iterations of R36 as simulator/engine.py's _UvmRun does with
- * simulator/uvm.py's UvmMemory, in the same order and with the same integer arithmetic,
+ * back-to-back iterations of R36 as simulator/run/uvm.py's _UvmRun does with
+ * simulator/run/uvm_memory.py's UvmMemory, in the same order and with the same integer arithmetic,
  * and returns the numbers _UvmRun._fill puts into a Result. The static rules stay in
- * Python (simulator/uvm.py compile_uvm): the program arrives compiled, as flat arrays.
+ * Python (simulator/compile/uvm.py compile_uvm): the program arrives compiled, as flat arrays.
  *
  * Each function below is the port of the Python method named in its comment; the names of
  * fields follow the Python attributes. A Python `None` is -1 here (times, items and
  * transfers are never negative).
  *
  * Scope: full-duplex PCIe and host backing. What the C code does not model ends the call
- * with UNSUPPORTED, and fastuvm.py runs the Python reference instead:
+ * with UNSUPPORTED, and simulator/fast/uvm.py runs the Python reference instead:
  *   - a drop among the start actions (the reference's own behaviour is its business);
- *   - (decided in fastuvm.py before the call) SSD backing with its page cache (R35),
+ *   - (decided in simulator/fast/uvm.py before the call) SSD backing with its page cache (R35),
  *     half-duplex PCIe, and recorded timelines.
  * An instant past 2^61 ps ends the call with OVERFLOW (the reference has arbitrary-precision
  * integers); so every sum of two times fits in 64 bits before it is checked. Byte counts
- * are bounded by fastuvm.py before the call (the profile's bytes times the items and
+ * are bounded by simulator/fast/uvm.py before the call (the profile's bytes times the items and
  * transfers stay below 2^61), so they never overflow either.
  *
- * Result layout (fastuvm.py _result), every number an int:
+ * Result layout (simulator/fast/uvm.py _result), every number an int:
  *   OK / INFEASIBLE: (status, now, last compute end, last transfer end, compute, stall data,
  *     stall memory, stall fault, peak, peak at, busy h2d, busy d2h, bytes down, bytes up,
  *     host peak, faults, fault bytes, evictions, write-back bytes, items done, stalls,
@@ -56,7 +56,7 @@ enum { AFTER_OFFLOAD = 0, AFTER_PREFETCH = 1, AFTER_WAIT = 2 };   /* blocked.aft
 
 typedef struct { int64_t *v; int64_t n, cap; } Vec;        /* a growable int64 list */
 
-/* A run (uvm.py Run): blocks first..last-1 of tensor t, resident since stamp; prev/next
+/* A run (run/uvm_memory.py Run): blocks first..last-1 of tensor t, resident since stamp; prev/next
  * link the tensor's live runs in the order they were added (UvmMemory.runs[t]). */
 typedef struct {
     int64_t first, last, stamp;
@@ -557,7 +557,7 @@ static int make_room(Uvm *u, int64_t need, int64_t now, Room *room) {
     return 1;
 }
 
-/* UvmMemory._batches with uvm.py block_train (R31): the driver's fault batches of the
+/* UvmMemory._batches with run/uvm_memory.py block_train (R31): the driver's fault batches of the
  * blocks of ranges, every page touched once in address order: the next faults of the
  * batch being gathered grow to big pages, the tree over the block's pages is walked up
  * from the last faulted page and the largest node past the threshold migrates. Sizes and
@@ -678,7 +678,7 @@ static int64_t covering(Uvm *u, int64_t from, int64_t need) {
     return from;
 }
 
-/* uvm.py fault_schedule (R31): the room time of the outputs (alloc bytes) and the end of
+/* run/uvm_memory.py fault_schedule (R31): the room time of the outputs (alloc bytes) and the end of
  * the last batch (*end), for the write-backs in u->writes ending at u->ends and the
  * batches in u->sizes / u->durations (none when with_batches is 0). The recurrence
  * end_i = max(end_(i-1), room_i) + d_i, exactly (the reference's numpy form is its
@@ -1313,7 +1313,7 @@ static void reset_iteration(Uvm *u) {
     u->link_down = u->link_up = 0;
 }
 
-/* engine.py _run_uvm (R36): two back-to-back iterations; the second starts with the
+/* run/uvm.py _run_uvm (R36): two back-to-back iterations; the second starts with the
  * residency, order of arrival and ledger the first ended with. Returns the status; the
  * state is the second iteration's, or the first's when that one did not run to its end. */
 static int run_both(Uvm *u) {
@@ -1580,11 +1580,11 @@ done:
 static PyMethodDef methods[] = {
     {"run", fastuvm_run, METH_VARARGS,
      "run(sequence, program, tensors, machine, budget): both iterations of one compiled UVM plan "
-     "(simulator/fastuvm.py)."},
+     "(simulator/fast/uvm.py)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastuvm",
-                                    "UVM mode's run in C (simulator/fastuvm.py packs its input).",
+                                    "UVM mode's run in C (simulator/fast/uvm.py packs its input).",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__fastuvm(void) {

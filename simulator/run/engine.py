@@ -1,0 +1,601 @@
+"""The discrete-event simulation of one iteration: GPU compute, PCIe, host and SSD.
+
+This is the reference statement of the rules (R1-R23 of docs/simulation.md) in Python:
+``_Run`` runs a compiled program (simulator/compile/program.py) on a compiled profile
+and machine (simulator/compile/compiled.py) with the resource parts of
+simulator/run/resources.py; simulator/run/iteration.py's ``run_program`` starts it. The
+C fast path (simulator/fast/explicit.py) must agree with it exactly; tests compare the
+two. ``simulator.api`` is the entry (``simulate`` for one plan, ``Simulator`` to compile
+a profile and a machine once and score many plans). The engine knows nothing of planners.
+
+Plans in UVM mode (R30-R37: ``"memory": "uvm"``) run on the same loop with managed
+memory as the memory policy (simulator/run/uvm.py's ``_UvmRun``, with
+simulator/run/uvm_memory.py): two iterations, faults and evictions instead of explicit
+copies.
+
+Time is integer picoseconds (R3). One compute stream runs the items of the compute
+sequence in order (R5, R6); the streams ``h2d``, ``d2h``, ``ssd_read`` and ``ssd_write``
+are FIFO queues that run one transfer at a time, whose flows share the links by
+bandwidth (R17, R18). Time advances from instant to instant: at each instant every
+completion (and the frees it causes) is applied first, then the compute head tries to
+start, then the waiting transfers in enqueue order (R9).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..compile.arena import allocation_keys
+from ..compile.compiled import LINKS, STREAMS, CompiledProfile, Machine
+from ..compile.program import Drop, PlanInvalid, Program, Transfer
+from ..errors import InputError
+from ..hardware import Hardware
+from ..plan import Plan
+from ..result import Result, Span, Timeline
+from ..units import ps_to_us
+from .arena import ArenaMemory
+from .resources import Links, Memory, Stream, Tiers
+
+
+def resolve_budget(budget_bytes: int | None, plan: Plan, hardware: Hardware) -> int:
+    """R2: an explicit budget, else the plan's, else the GPU's memory; never above the GPU's."""
+    budget = budget_bytes if budget_bytes is not None else plan.budget_bytes
+    if budget is None:
+        return hardware.gpu.memory_bytes
+    if plan.memory == "uvm" and budget >= 0:
+        return budget   # UVM mode: the budget may pass the GPU's memory (docs/simulation.md, "R2 in UVM mode")
+    return check_budget(budget, hardware)
+
+
+def check_budget(budget: int, hardware: Hardware) -> int:
+    """A budget is a byte count from 0 up to the GPU's memory (R2); InputError otherwise."""
+    if budget > hardware.gpu.memory_bytes:
+        raise InputError("<argument>", "budget",
+                         f"{budget} bytes is more than the GPU's memory ({hardware.gpu.memory_bytes} bytes "
+                         f"on {hardware.name}) (R2)")
+    if budget < 0:
+        raise InputError("<argument>", "budget", "must not be negative")
+    return budget
+
+
+# ----------------------------------------------------------------------------- infeasible
+
+
+@dataclass
+class Blocked:
+    """Why a valid plan cannot go on (R10, R19): what waits, for how many bytes."""
+    rule: str
+    what: str                 # op | recompute | prefetch (waits for room) | stuck | start | capacity
+    item: int                 # the compute head (-1: none, or at start)
+    tensor: str | None
+    needed: int
+    free: int
+    residents: list[dict]
+    tier: str | None = None   # capacity: the tier
+    after: str | None = None  # capacity: the offload's after op; stuck / prefetch: the transfer's kind
+    arena: dict | None = None  # R50, R51: the allocation that waits, and who holds its range (or fragmented)
+
+
+def describe(blocked: Blocked, op: str | None) -> tuple[str | None, str, dict]:
+    """(op, reason, blocked dict) of an infeasible result whose compute head is ``op``:
+    the same text from the reference and the C path."""
+    shown = ", ".join(f"{r['tensor']} ({r['bytes']} B)" for r in blocked.residents) or "none"
+    if blocked.what == "capacity":
+        op = blocked.after
+        reason = (f"{blocked.tier} capacity exceeded: {blocked.needed} bytes needed, {blocked.free} available")
+        return op, reason, {"tier": blocked.tier}
+    if blocked.what == "arena":
+        reason = (f"the placement's arena ({blocked.needed} bytes) is larger than the budget ({blocked.free} "
+                  "bytes)")
+        return None, reason, {"arena_bytes": blocked.needed, "budget_bytes": blocked.free}
+    if blocked.what == "start":
+        what = f"at start: persistent tensor {blocked.tensor!r} does not fit"
+    elif blocked.what == "op":
+        what = f"op {op!r} waits for memory"
+    elif blocked.what == "alone":   # UVM mode (R32): not even evicting every unpinned block makes room
+        what = f"op {op!r} alone does not fit, with every unpinned block evicted (R32)"
+    elif blocked.what == "recompute":
+        what = f"recompute of {blocked.tensor!r} before {op!r} waits for memory"
+    elif blocked.what == "prefetch":
+        what = f"the prefetch of {blocked.tensor!r} waits for memory" + (f" (op {op!r} waits)" if op else "")
+    else:
+        what = f"the {blocked.after} of {blocked.tensor!r} cannot start" + (f" (op {op!r} waits)" if op else "")
+    reason = f"{what}: needs {blocked.needed} bytes, {blocked.free} free; largest residents: {shown}"
+    extra = {}
+    if blocked.arena is not None:        # R50, R51
+        extra = dict(blocked.arena)
+        if "held_by" in extra:
+            start, end = extra["range"]
+            reason += f"; allocation {extra['allocation']!r} at [{start}, {end}) is held by {extra['held_by']!r}"
+        elif blocked.needed <= blocked.free:
+            reason += (f"; allocation {extra['allocation']!r} finds no free range (fragmented: enough bytes are "
+                       "free, in pieces)")
+        else:                              # short of bytes, not of a range
+            extra.pop("fragmented", None)
+    return op, reason, {"waiting": what, "needed_bytes": blocked.needed, "free_bytes": blocked.free,
+                        "largest_residents": blocked.residents, **extra}
+
+
+class _Infeasible(Exception):
+    def __init__(self, blocked: Blocked):
+        super().__init__(blocked.what)
+        self.blocked = blocked
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def allocation_lifetimes(compiled: CompiledProfile, program: Program, machine: Machine, budget: int):
+    """R50: the run of a plan (explicit mode) under ``budget`` with every GPU allocation
+    logged: (Result, [[key, owner, bytes, start ps, end ps or None (still held at the
+    end)]]). Ranges come from an unbounded arena, so they never make anything wait: the
+    times are those of the byte-counted run."""
+    run = _Run(compiled, program, machine, budget, False, None, "first-fit", arena_bytes=2**62)
+    result = run.run()
+    return result, run.memory.log
+
+
+class _Run:
+    """The run state of one simulation; ``run`` drives it to the end of the iteration."""
+
+    def __init__(self, compiled: CompiledProfile, program: Program, machine: Machine, budget: int,
+                 record: bool, names, allocator: str | None = None, arena_bytes: int | None = None):
+        self.compiled = compiled
+        self.program = program
+        self.seq = program.seq
+        self.transfers = program.transfers
+        self.now = 0
+        n = len(program.transfers)
+        self.enqueued_at = [-1] * n       # enqueue order (R1, R9)
+        self.start = [-1] * n
+        self.latency_until: dict[int, int] = {}   # transfer -> ps its latency ends, while it waits it
+        self.ended = [False] * n
+        self.enqueue_count = 0
+        nbytes = compiled.tensor_bytes if not program.buffer_bytes else {**compiled.tensor_bytes,
+                                                                          **program.buffer_bytes}
+        if program.placement is not None or allocator is not None:   # R50, R51: address ranges
+            keys = program.keys if program.keys is not None else allocation_keys(program, compiled)
+            if program.placement is not None:
+                allocator, arena_bytes = None, program.placement.arena_bytes
+            self.memory = ArenaMemory(budget, nbytes, keys, arena_bytes or budget, program.placement, allocator)
+        else:
+            self.memory = Memory(budget, nbytes)          # with the encoded buffers of codecs (R41, R42)
+        self.tiers = Tiers({"host": machine.host_bytes, "ssd": machine.ssd_bytes}, compiled.tensor_bytes)
+        self.links = Links(machine.link_capacity)
+        self.link_bytes = [0] * len(LINKS)
+        self.streams = [Stream(name) for name in STREAMS]
+        self.engine_holder: int | None = None   # half duplex: the transfer holding the copy engine
+        self.pending_offloads: dict[str, int] = {}   # tensor -> offloads enqueued or copying (R7)
+        self.dead_pending: set[str] = set()
+        # the compute stream (GPU items only) and the CPU stream (R24)
+        self.on_cpu = program.on_cpu
+        self.done = bytearray(len(self.seq))
+        self.head = self._next_gpu_item(0)
+        self.cpu_items = sorted(program.on_cpu)
+        self.cpu_pos = 0
+        self.cpu_running_until: int | None = None
+        self.cpu_busy_ps = 0
+        self.last_cpu_end = 0
+        self.running_until: int | None = None
+        self.ready_at = 0                  # when the head's predecessor ended
+        self.data_ready_at: int | None = None
+        self.last_compute_end = 0
+        self.last_transfer_end = 0
+        self.compute_ps = 0
+        self.recompute_ps = 0
+        self.codec_ps = 0
+        self.stall_data = 0
+        self.stall_memory = 0
+        self.stall_by_op: dict[str, list[int]] = {}
+        # the timeline
+        self.record = record
+        self.names = names
+        self.spans: list[Span] = []
+        if record:
+            self.memory.samples = [(0, 0)]
+            self.links.samples = [(0, (0,) * len(LINKS))]
+
+    # ------------------------------------------------------------------ completions
+
+    def _next_gpu_item(self, k: int) -> int:
+        """The first item at or after k that runs on the GPU."""
+        while k < len(self.seq) and k in self.on_cpu:
+            k += 1
+        return k
+
+    def _item_end(self) -> None:
+        """R7: workspace, last-use frees, offload releases, then the actions after the op."""
+        k, seq, now = self.head, self.seq, self.now
+        self.running_until = None
+        self.head = self._next_gpu_item(k + 1)
+        self.ready_at = self.last_compute_end = now
+        self.data_ready_at = None
+        self.memory.release(seq.workspace[k], now)
+        self._finish_item(k)
+
+    def _cpu_end(self) -> None:
+        """R28: a CPU item ends as a GPU op does, with no workspace."""
+        k = self.cpu_items[self.cpu_pos]
+        self.cpu_pos += 1
+        self.cpu_running_until = None
+        self.last_cpu_end = self.now
+        self._finish_item(k)
+
+    def _finish_item(self, k: int) -> None:
+        """R7 for item k of either stream: frees, releases, then the actions after it."""
+        seq, now = self.seq, self.now
+        self.done[k] = 1
+        if seq.codec and k in seq.codec:         # R41, R42: what an encode or decode frees on the GPU
+            for tid in seq.codec[k].frees:
+                self.memory.free(tid, now)
+        for tid in seq.frees[k]:
+            if self.pending_offloads.get(tid):
+                self.dead_pending.add(tid)
+            else:
+                self.memory.free(tid, now)
+                self.tiers.release(tid)
+        for transfer in self.program.releases.get(k, ()):
+            if self.ended[transfer.index]:
+                self._release_copy(transfer)
+        for action in self.program.actions.get(k, ()):
+            if isinstance(action, Drop):
+                self.memory.free(action.tensor, now)   # R14: at once
+            else:
+                self._enqueue(action)
+
+    def _group(self, transfer: Transfer) -> tuple:
+        """The transfer and the members of the group it leads (R53)."""
+        return (transfer,) + tuple(self.transfers[m] for m in transfer.members) if transfer.members else (transfer,)
+
+    def _enqueue(self, transfer: Transfer) -> None:
+        self.enqueued_at[transfer.index] = self.enqueue_count
+        self.enqueue_count += 1
+        self.streams[transfer.route.stream].queue.append(transfer.index)
+        for member in self._group(transfer):       # R53: a group queues as one transfer
+            self.enqueued_at[member.index] = self.enqueued_at[transfer.index]
+            if member.kind == "offload":
+                self.pending_offloads[member.tensor] = self.pending_offloads.get(member.tensor, 0) + 1
+
+    def _transfer_end(self, j: int) -> None:
+        transfer, now = self.transfers[j], self.now
+        self.last_transfer_end = max(self.last_transfer_end, now)
+        stream = self.streams[transfer.route.stream]
+        stream.running = None
+        stream.busy_ps += now - self.start[j]
+        if self.engine_holder == j:
+            self.engine_holder = None
+        group = self._group(transfer)
+        if self.record:
+            args = {"tensor": transfer.tensor, "bytes": transfer.total, "tier": transfer.tier, "kind": transfer.kind}
+            name = f"{transfer.kind} {transfer.tensor}"
+            if transfer.members:
+                args["members"] = [member.tensor for member in group]
+                name = f"{transfer.kind} group {self.program.group_names[j]} ({len(group)} tensors)"
+            self.spans.append(Span(stream.name, name, ps_to_us(self.start[j]), ps_to_us(now), args))
+        for member in group:
+            self._copy_done(member)
+
+    def _copy_done(self, transfer: Transfer) -> None:
+        """One copy has ended (alone, or as a member of its group, R53)."""
+        now = self.now
+        self.ended[transfer.index] = True
+        if transfer.kind == "store" and (transfer.last_reader < 0 or self.done[transfer.last_reader]):
+            self._release_copy(transfer)          # R26: the host copy goes once its readers ended
+        if transfer.kind == "offload":
+            tid = transfer.tensor
+            self.pending_offloads[tid] -= 1
+            if transfer.last_reader < 0 or self.done[transfer.last_reader]:   # R11: its last reader ended
+                self.memory.free(tid, now)
+            if transfer.buffer is not None:
+                self.memory.free(transfer.buffer, now)   # R41: the encoded buffer it copied
+            if tid in self.dead_pending and not self.pending_offloads[tid]:
+                self.dead_pending.discard(tid)     # R7: freed now that its offload ended
+                self.memory.free(tid, now)
+                self.tiers.release(tid)
+
+    def _release_copy(self, transfer: Transfer) -> None:
+        """The copy an offload (GPU) or a store (host) leaves behind is freed."""
+        if transfer.kind == "store":
+            self.tiers.release_tier(transfer.tensor, "host")
+        else:
+            self.memory.free(transfer.tensor, self.now)
+
+    # ------------------------------------------------------------------ starts
+
+    def _try_compute(self) -> None:
+        seq, k = self.seq, self.head
+        if self.running_until is not None or k >= len(seq):
+            return
+        recomputed = seq.recomputed[k]
+        if self.data_ready_at is None:
+            if any(not self.ended[w.index] for w in self.program.waits.get(k, ())):
+                return
+            if self.program.deps and not self._deps_done(k):
+                return  # R27: an item of the CPU stream it depends on has not ended
+            if recomputed is not None and recomputed in self.memory.resident:
+                return  # R15: the older copy is still being copied out (a data stall)
+            self.data_ready_at = self.now
+        if not self.memory.fits_item(k, seq.alloc_bytes[k]):
+            return
+        now = self.now
+        data_wait, memory_wait = self.data_ready_at - self.ready_at, now - self.data_ready_at
+        if data_wait or memory_wait:
+            self.stall_data += data_wait
+            self.stall_memory += memory_wait
+            entry = self.stall_by_op.setdefault(seq.group[k], [0, 0])
+            entry[0] += data_wait
+            entry[1] += memory_wait
+        self.memory.allocate(seq.allocs[k], seq.workspace[k], now)
+        time_ps = seq.time_ps[k]
+        self.running_until = now + time_ps
+        self.compute_ps += time_ps
+        codec = seq.codec.get(k) if seq.codec else None
+        if recomputed is not None:
+            self.recompute_ps += time_ps
+        elif codec is not None:
+            self.codec_ps += time_ps
+        if self.record:
+            op_id, kernel, phase = self.names[seq.op_index[k]]
+            if codec is not None:
+                name, kind, kernel = f"{codec.kind} {codec.tensor}", codec.kind, codec.codec
+            else:
+                name = op_id if recomputed is None else f"recompute {recomputed}"
+                kind = "op" if recomputed is None else "recompute"
+            self.spans.append(Span("compute", name, ps_to_us(now), ps_to_us(now + time_ps),
+                                   {"op": op_id, "kernel": kernel, "phase": phase, "kind": kind}))
+
+    def _deps_done(self, k: int) -> bool:
+        dep = self.program.deps.get(k)
+        return dep is None or bool(self.done[dep])
+
+    def _try_cpu(self) -> None:
+        """R27: the CPU stream's next item starts when the previous one ended, the items
+        of the GPU stream it depends on ended, and the transfers that wrote its host
+        copies ended; its outputs take host memory (R19)."""
+        if self.cpu_running_until is not None or self.cpu_pos >= len(self.cpu_items):
+            return
+        k = self.cpu_items[self.cpu_pos]
+        if not self._deps_done(k) or any(not self.ended[w.index] for w in self.program.host_waits.get(k, ())):
+            return
+        for tid in self.seq.allocs[k]:
+            if not self.tiers.take(tid, "host"):
+                raise _Infeasible(Blocked("R19", "capacity", k, tid, self.tiers.used["host"],
+                                          self.tiers.capacity["host"], [], "host", self.seq.group[k]))
+        time_ps = self.program.cpu_ps[k]
+        self.cpu_running_until = self.now + time_ps
+        self.cpu_busy_ps += time_ps
+        if self.record:
+            op_id, kernel, phase = self.names[self.seq.op_index[k]]
+            self.spans.append(Span("cpu", op_id, ps_to_us(self.now), ps_to_us(self.now + time_ps),
+                                   {"op": op_id, "kernel": kernel, "phase": phase, "kind": "cpu op"}))
+
+    def _can_start(self, transfer: Transfer) -> bool:
+        """R12, R17: a head starts when the copy engine (half duplex) is free and, for a
+        prefetch, its source copy is written, no older GPU copy remains and it fits."""
+        if transfer.route.uses_engine and self.engine_holder is not None:
+            return False
+        if transfer.source_item >= 0 and not self.done[transfer.source_item]:
+            return False   # R27: the CPU op writing its host source has not ended
+        if transfer.kind in ("load", "store"):
+            return transfer.source < 0 or self.ended[transfer.source]
+        if transfer.kind == "prefetch":
+            group = self._group(transfer)       # R53: every member's source, and room for them all
+            for member in group:
+                if (member.source >= 0 and not self.ended[member.source]) or member.tensor in self.memory.resident \
+                        or (member.source_item >= 0 and not self.done[member.source_item]):
+                    return False
+            return self.memory.fits_prefetch([m.index for m in group],
+                                             sum(self.memory.nbytes[m.buffer or m.tensor] for m in group))
+        return True
+
+    def _try_transfers(self) -> None:
+        heads = [s.queue[0] for s in self.streams if s.queue and s.running is None]
+        for j in sorted(heads, key=self.enqueued_at.__getitem__):
+            transfer = self.transfers[j]
+            if self._can_start(transfer):
+                self._start_transfer(transfer)
+
+    def _start_transfer(self, transfer: Transfer) -> None:
+        j, now = transfer.index, self.now
+        group = self._group(transfer)
+        if transfer.kind == "prefetch":   # R41: a compute codec's encoded buffer; R53: every member's
+            self.memory.allocate(tuple(member.buffer or member.tensor for member in group), 0, now)
+        else:
+            tier = "host" if transfer.kind == "load" else transfer.tier
+            for member in group:
+                if not self.tiers.take(member.tensor, tier, member.nbytes):   # R19
+                    raise _Infeasible(Blocked("R19", "capacity", -1, member.tensor, self.tiers.used[tier],
+                                              self.tiers.capacity[tier], [], tier, transfer.after_op))
+        stream = self.streams[transfer.route.stream]
+        stream.queue.popleft()
+        stream.running = j
+        for link in transfer.route.links:
+            self.link_bytes[link] += transfer.total
+        if transfer.route.uses_engine:
+            self.engine_holder = j
+        for member in group:
+            self.start[member.index] = now
+        if transfer.route.latency_ps:
+            self.latency_until[j] = now + transfer.route.latency_ps
+        else:
+            self.links.start(j, transfer.route.links, transfer.total, now)
+
+    # ------------------------------------------------------------------ the loop
+
+    def _next_instant(self) -> int | None:
+        times = list(self.latency_until.values())
+        if self.running_until is not None:
+            times.append(self.running_until)
+        if self.cpu_running_until is not None:
+            times.append(self.cpu_running_until)
+        flow_end = self.links.next_end()
+        if flow_end is not None:
+            times.append(flow_end)
+        return min(times, default=None)
+
+    def _complete(self) -> None:
+        """Every completion at ``now`` (R9): the compute item, latencies, then flows."""
+        now = self.now
+        if self.running_until == now:
+            self._item_end()
+        if self.cpu_running_until == now:
+            self._cpu_end()
+        for j in [j for j, at in self.latency_until.items() if at == now]:
+            del self.latency_until[j]
+            transfer = self.transfers[j]
+            self.links.start(j, transfer.route.links, transfer.total, now)
+        ending = self.links.ending_at(now)
+        if ending:
+            self.links.finish(ending, now)
+            for j in sorted(ending, key=self.enqueued_at.__getitem__):
+                self._transfer_end(j)
+
+    def run(self) -> Result:
+        compiled, program = self.compiled, self.program
+        result = Result(budget_bytes=self.memory.budget, ideal_us=ps_to_us(compiled.ideal_ps),
+                        transfers=len(program.transfers),
+                        recomputes=sum(1 for tid in self.seq.recomputed if tid is not None))
+        try:
+            self._place_at_start()
+            self._loop()
+        except _Infeasible as exc:
+            self._infeasible(result, exc)
+        self._fill(result)
+        return result
+
+    def _loop(self) -> None:
+        """The iteration from its start actions to its end (R9), or _Infeasible."""
+        for action in self.program.start_actions:
+            self._enqueue(action)
+        self._try_compute()
+        self._try_cpu()
+        self._try_transfers()
+        while True:
+            instant = self._next_instant()
+            if instant is None:
+                break
+            self.now = instant
+            self._complete()
+            self._try_compute()
+            self._try_cpu()
+            self._try_transfers()
+        if (self.head < len(self.seq) or self.cpu_pos < len(self.cpu_items)
+                or any(s.queue for s in self.streams)):
+            raise _Infeasible(self._stuck())
+
+    def _infeasible(self, result: Result, exc: _Infeasible) -> None:
+        result.feasible = False
+        result.rule = exc.blocked.rule
+        result.tensor = exc.blocked.tensor
+        item = exc.blocked.item
+        result.op, result.reason, result.blocked = describe(exc.blocked, self.seq.group[item] if item >= 0 else None)
+
+    def _place_at_start(self) -> None:
+        """R10, R19: persistent tensors on the GPU in profile order; initial copies take
+        their tier's space from time 0."""
+        initial = self.program.initial_copies
+        memory = self.memory
+        placement = self.program.placement
+        if placement is not None and placement.arena_bytes > memory.budget:   # R50: the arena is in the budget
+            raise _Infeasible(Blocked("R50", "arena", -1, None, placement.arena_bytes, memory.budget, []))
+        for tid in self.compiled.persistent_ids:
+            if tid in initial:
+                continue
+            if not memory.fits_start(tid, memory.nbytes[tid]):
+                raise _Infeasible(Blocked("R10", "start", -1, tid, memory.nbytes[tid], memory.budget - memory.used,
+                                          memory.largest(), arena=getattr(memory, "blocked", None)))
+            memory.allocate((tid,), 0, 0)
+        for tid, tier in initial.items():
+            if not self.tiers.take(tid, tier):
+                raise _Infeasible(Blocked("R19", "capacity", -1, tid, self.tiers.used[tier],
+                                          self.tiers.capacity[tier], [], tier, None))
+
+    def _stuck(self) -> Blocked:
+        """R10: nothing runs, nothing is pending, and work remains: say what waits."""
+        seq, k, memory = self.seq, self.head, self.memory
+        free = memory.budget - memory.used
+        arena = getattr(memory, "blocked", None)
+        if k < len(seq) and self.data_ready_at is not None:   # the item itself waits for memory
+            recomputed = seq.recomputed[k]
+            if arena is not None:
+                memory.fits_item(k, seq.alloc_bytes[k])     # which of its allocations waits, and for whom
+                arena = memory.blocked
+            return Blocked("R10", "op" if recomputed is None else "recompute", k, recomputed,
+                           seq.alloc_bytes[k], free, memory.largest(), arena=arena)
+        heads = sorted((s.queue[0] for s in self.streams if s.queue), key=self.enqueued_at.__getitem__)
+        item = k if k < len(seq) else -1
+        for j in heads:
+            transfer = self.transfers[j]
+            if (transfer.kind == "prefetch" and (transfer.source < 0 or self.ended[transfer.source])
+                    and transfer.tensor not in memory.resident):   # it waits for room, nothing else
+                size = memory.nbytes[transfer.buffer or transfer.tensor]
+                if arena is not None:
+                    memory.fits_prefetch([j], size)
+                return Blocked("R10", "prefetch", item, transfer.tensor, size, free, memory.largest(),
+                               arena=getattr(memory, "blocked", None))
+        if heads:
+            transfer = self.transfers[heads[0]]
+            return Blocked("R10", "stuck", item, transfer.tensor, transfer.nbytes, free, memory.largest(),
+                           after=transfer.kind)
+        pending = [w for w in self.program.waits.get(k, ()) if not self.ended[w.index]]
+        tensor = pending[0].tensor if pending else seq.recomputed[k]
+        return Blocked("R10", "stuck", item, tensor, 0, free, memory.largest(), after="wait")
+
+    def _fill(self, result: Result) -> None:
+        end = max(self.last_compute_end, self.last_cpu_end, self.last_transfer_end, self.now if not result.ok else 0)
+        machine_links = self.links.capacity
+        result.iteration_us = ps_to_us(end)
+        result.overhead = end / self.compiled.ideal_ps - 1.0 if self.compiled.ideal_ps > 0 else 0.0
+        result.compute_us = ps_to_us(self.compute_ps)
+        result.recompute_us = ps_to_us(self.recompute_ps)
+        result.cpu_us = ps_to_us(self.cpu_busy_ps)
+        result.codec_us = ps_to_us(self.codec_ps)
+        result.lossy_tensors = list(self.program.lossy)
+        result.stall_data_us = ps_to_us(self.stall_data)
+        result.stall_memory_us = ps_to_us(self.stall_memory)
+        result.stall_us = ps_to_us(self.stall_data + self.stall_memory)
+        result.tail_us = ps_to_us(max(0, end - self.last_compute_end))
+        result.peak_bytes = self.memory.peak
+        result.peak_at_us = ps_to_us(self.memory.peak_at)
+        if isinstance(self.memory, ArenaMemory):      # R50, R51
+            result.arena_bytes = self.memory.arena_bytes
+            extent = self.memory.ranges.extent
+            result.fragmentation = extent / self.memory.peak if self.memory.peak else 1.0
+        streams = self.streams
+        # R18: a link's bytes; an SSD copy counts on its PCIe direction and on the SSD
+        result.bytes_h2d, result.bytes_d2h, result.bytes_ssd_read, result.bytes_ssd_write = self.link_bytes
+        result.busy_us = {"compute": result.compute_us, **{s.name: ps_to_us(s.busy_ps) for s in streams}}
+        result.link_bytes = dict(zip(LINKS, self.link_bytes))
+        result.link_utilisation = {name: (nbytes * 10**12 / (cap * end) if end else 0.0)
+                                   for name, nbytes, cap in zip(LINKS, self.link_bytes, machine_links)}
+        result.progress = sum(self.done) / len(self.seq) if len(self.seq) else 1.0
+        result.host_peak_bytes = self.tiers.peak["host"]
+        result.ssd_peak_bytes = self.tiers.peak["ssd"]
+        result.stall_by_op = {op: {"data_us": ps_to_us(d), "memory_us": ps_to_us(m)}
+                              for op, (d, m, *_) in self.stall_by_op.items()}
+        if self.record:
+            self.spans.sort(key=lambda s: (s.start_us, s.track))
+            result.timeline = Timeline(
+                spans=self.spans, memory=[(ps_to_us(t), b) for t, b in self.memory.samples],
+                budget_bytes=self.memory.budget, phases=_phases(self.spans),
+                link_rates=[(ps_to_us(t), dict(zip(LINKS, rates))) for t, rates in self.links.samples],
+                link_capacity=dict(zip(LINKS, machine_links)))
+
+
+def invalid_result(exc: PlanInvalid, budget: int, compiled: CompiledProfile) -> Result:
+    """The result of a plan that breaks a rule."""
+    return Result(valid=False, feasible=False, rule=exc.rule, op=exc.op, tensor=exc.tensor, reason=exc.reason,
+                  budget_bytes=budget, ideal_us=ps_to_us(compiled.ideal_ps), progress=0.0)
+
+
+def _phases(spans: list[Span]) -> list[tuple[str, float, float]]:
+    """Contiguous runs of one phase on the compute track."""
+    out: list[list] = []
+    for span in spans:
+        if span.track != "compute":
+            continue
+        phase = span.args.get("phase", "other")
+        if out and out[-1][0] == phase:
+            out[-1][2] = span.end_us
+        else:
+            out.append([phase, span.start_us, span.end_us])
+    return [tuple(p) for p in out]
