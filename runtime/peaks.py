@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from simulator.errors import SwapplanError
+from simulator.errors import InputError, SwapplanError
 from simulator.hardware import Hardware
 
 TOLERANCE_SHARE = 0.01          # of the budget
@@ -23,8 +23,8 @@ TOLERANCE_BYTES = 64 * 1024     # whichever is larger
 class PeakRun:
     """One (model, planner, budget) of the sweep. ``status``: ``ran`` (the plan ran),
     ``refused`` (the simulator finds the plan invalid or infeasible), ``not followed``
-    (the runtime does not follow such plans: ops on the CPU, codecs, managed memory) or
-    ``no plan`` (the planner cannot plan this budget)."""
+    (the runtime refuses to follow it: ops on the CPU, codecs, managed memory, a schedule
+    that reorders random ops) or ``no plan`` (the planner cannot plan this budget)."""
     model: str
     planner: str
     share: float
@@ -48,17 +48,6 @@ class PeakRun:
             return True
         return (bool(self.bit_equal) and self.real_peak_bytes <= self.budget_bytes
                 and abs(self.real_peak_bytes - self.simulated_peak_bytes) <= self.tolerance_bytes)
-
-
-def followed(plan) -> str | None:
-    """Why the runtime does not follow ``plan`` (None: it does)."""
-    if plan.uses_cpu:
-        return "ops on the CPU"
-    if plan.uses_codecs:
-        return "codecs"
-    if getattr(plan, "memory", "explicit") != "explicit":
-        return "managed memory"
-    return None
 
 
 def peak_sweep(model: str, planner_names: Iterable[str], shares: Iterable[float], hardware: Hardware,
@@ -105,12 +94,12 @@ def peak_sweep(model: str, planner_names: Iterable[str], shares: Iterable[float]
                     rows.append(PeakRun(**row, status="refused", recomputes=recomputes,
                                         simulated_peak_bytes=result.peak_bytes, note=f"{result.rule}: {result.reason}"))
                     continue
-                why = followed(plan)
-                if why is not None:
+                try:     # the runtime's own refusal: ops on the CPU, codecs, managed memory, ...
+                    interpreter = PlannedInterpreter(bindings, plan, hardware, budget)
+                except InputError as exc:
                     rows.append(PeakRun(**row, status="not followed", simulated_peak_bytes=result.peak_bytes,
-                                        recomputes=recomputes, note=why))
+                                        recomputes=recomputes, note=str(exc)))
                     continue
-                interpreter = PlannedInterpreter(bindings, plan, hardware, budget)
                 mine = values.clone()
                 torch.manual_seed(0)
                 report = interpreter.run(mine, 1)[0]

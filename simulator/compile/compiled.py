@@ -207,14 +207,10 @@ def _rerun_extra(profile: Profile, index: dict) -> array:
     """Per tensor, the bytes of the other outputs a recompute's re-run makes (R15), capped
     at 2^62 (a budget is below 2^53, so the cap changes no answer)."""
     extra = array("q", bytes(8 * len(profile.tensors)))
-    sizes = profile.tensor_by_id
     for op in profile.ops:
-        if len(op.outputs) < 2 and op.rerun_outputs is None:
-            continue
-        remade = dict.fromkeys(op.remade())
-        total = sum(sizes[t].bytes for t in remade)
-        for t in op.outputs:
-            extra[index[t]] = min(total - (sizes[t].bytes if t in remade else 0), 1 << 62)
+        if len(op.outputs) > 1 or op.rerun_outputs is not None:   # else nothing else is made
+            for t in op.outputs:
+                extra[index[t]] = min(profile.rerun_extra_bytes(t), 1 << 62)
     return extra
 
 
