@@ -16,12 +16,13 @@ import click
 
 from simulator import catalog
 from simulator.errors import InputError, SwapplanError, shorten
-from simulator.files import check_output
+from simulator.files import check_output_folder, check_outputs
 from simulator.hardware import load_hardware, load_presets
-from simulator.plan import check_plan, load_plan
+from simulator.plan import load_plan
 from simulator.units import format_bytes, format_us
 
-from cli_text import print_comparison, print_replay, print_result, print_train, table
+from cli_text import (out_of_memory_line, print_comparison, print_hardware, print_planners, print_profiles,
+                      print_replay, print_result, print_train, table)
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3
@@ -43,11 +44,21 @@ def _note(text: str) -> None:
     click.echo("note: " + _one_line(text), err=True)
 
 
-def _outputs(*paths) -> None:
-    """Check every output path before any work (InputError for a folder, a link, a device)."""
-    for path in paths:
-        if path:
-            check_output(path)
+def _outputs(outputs: dict, inputs=()) -> None:
+    """Check every output before any work: ``outputs`` maps an option (``-o``) to its path
+    (None: not given), ``inputs`` are ``(what, path)`` pairs of the files the command reads.
+    InputError (one line naming both) for an output that would replace an input or another
+    output (the same file, a symbolic or hard link); then for a folder, a link, a device."""
+    check_outputs(outputs.items(), inputs)
+
+
+def _profile_input(spec):
+    """The file a PROFILE argument reads (a shipped profile's too), or the argument as
+    given when it names none (opening it says why)."""
+    try:
+        return catalog.resolve_profile(spec)
+    except SwapplanError:
+        return spec
 
 
 class _Group(click.Group):
@@ -92,12 +103,23 @@ class _Group(click.Group):
         except BrokenPipeError:  # `swapplan ... | head`: the reader has gone, say nothing
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             ctx.exit(0)
+        except MemoryError as exc:  # input too large for this machine: bad input, not a bug
+            traceback.clear_frames(exc.__traceback__)   # let go of what filled memory first
+            if debug():
+                traceback.print_exc()
+            click.echo("error: " + _one_line(_out_of_memory(ctx, exc)), err=True)
+            ctx.exit(EXIT_BAD_INPUT)
         except Exception as exc:  # a bug in swapplan: say so in one line
             if debug():
                 traceback.print_exc()
             click.echo(_one_line(f"internal error: {type(exc).__name__}: {exc}")
                        + " (run again with --debug for the traceback, and please report it)", err=True)
             ctx.exit(EXIT_INTERNAL)
+
+
+def _out_of_memory(ctx: click.Context, exc: MemoryError) -> str:
+    """The one line for a MemoryError (cli_text.out_of_memory_line)."""
+    return out_of_memory_line(" ".join(p for p in (ctx.command_path, ctx.invoked_subcommand) if p), exc)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -160,14 +182,34 @@ def info(profile: str, as_json: bool, top: int) -> None:
 @app.command()
 @click.argument("profile")
 @click.argument("plan", required=False)
-def validate(profile: str, plan: str | None) -> None:
-    """Check a profile, and optionally a plan against it (structure, not timing)."""
+@click.option("--hardware", "hardware_name", default=None,
+              help="Preset or hardware file the plan is checked on [default: as for simulate: the plan's "
+                   "hardware, else the profile's roofline preset, else a100-40gb-pcie4].")
+def validate(profile: str, plan: str | None, hardware_name: str | None) -> None:
+    """Check a profile, and optionally a plan against it: its structure and every rule
+    simulate decides before it runs the plan (the same check), not its timing or memory.
+
+    Exit status: 0 valid, 1 a plan that breaks a rule (simulate calls it INVALID; the rule
+    and reason are printed), 2 bad input.
+    """
+    from simulator.api import check_static
+
     loaded = catalog.open_profile(profile)
     click.echo(f"ok: profile {loaded.name}: {len(loaded.ops)} ops, {len(loaded.tensors)} tensors")
-    if plan is not None:
-        loaded_plan = load_plan(plan)
-        check_plan(loaded_plan, loaded)
-        click.echo(f"ok: plan {plan}: {len(loaded_plan.actions)} actions, planner {loaded_plan.planner.name}")
+    if plan is None:
+        if hardware_name is not None:
+            load_hardware(hardware_name)
+        return
+    loaded_plan = load_plan(plan)
+    hardware = _hardware(hardware_name, loaded_plan, loaded)
+    _check_plan_budget(plan, loaded_plan, hardware)
+    broken = check_static(loaded, loaded_plan, hardware)
+    if broken is not None:
+        click.echo(f"INVALID: plan {plan} on {hardware.name}: "
+                   + (f"{broken.rule}: {broken.reason}" if broken.reason else f"{broken.rule} at op {broken.op}"))
+        raise click.exceptions.Exit(1)
+    click.echo(f"ok: plan {plan}: {len(loaded_plan.actions)} actions, planner {loaded_plan.planner.name}, "
+               f"valid on {hardware.name}")
 
 
 # ----------------------------------------------------------------------------- synth
@@ -198,7 +240,7 @@ def synth(model, layers, width, batch, seq, dtype, hardware_name, output) -> Non
     from simulator.profile import save_profile
     from tracer.synthetic import synthesize
 
-    _outputs(output)
+    _outputs({"-o": output}, [("hardware file", hardware_name)])
     profile = synthesize(model, layers=layers, width=width, batch=batch, seq=seq,
                          hardware=load_hardware(hardware_name), dtype=dtype)
     save_profile(profile, output)
@@ -243,24 +285,26 @@ def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, alloc
     from simulator.timeline import write_chrome_trace
     from simulator.units import parse_budget
 
-    _outputs(timeline_out, plot_out)
+    _outputs({"--timeline": timeline_out, "--plot": plot_out},
+             [("profile", _profile_input(profile)), ("plan", plan), ("hardware file", hardware_name)])
     loaded = catalog.open_profile(profile)
     loaded_plan = load_plan(plan) if plan is not None else empty_plan(loaded)
     hardware = _hardware(hardware_name, loaded_plan, loaded)
     budget_bytes = parse_budget(budget, loaded.peak_bytes) if budget is not None else None
-    if budget_bytes is None and loaded_plan.budget_bytes is not None \
-            and loaded_plan.budget_bytes > hardware.gpu.memory_bytes:
-        raise InputError(plan, "budget_bytes",
-                         f"the plan's budget, {format_bytes(loaded_plan.budget_bytes)} ({loaded_plan.budget_bytes} "
-                         f"bytes), is more than the GPU's memory on {hardware.name} "
-                         f"({format_bytes(hardware.gpu.memory_bytes)}); give --budget to simulate it with another")
+    if budget_bytes is None:
+        _check_plan_budget(plan, loaded_plan, hardware)
     if allocator is not None and (loaded_plan.placement is not None or loaded_plan.uvm):
         raise InputError("<argument>", "--allocator", "the plan has a placement (it follows it) or runs in managed "
                                                       "memory (the driver places blocks): no allocator to model")
     result = run_simulation(loaded, loaded_plan, hardware, budget_bytes,
                             record=bool(timeline_out or plot_out), allocator=allocator)
-    # any plan may swap, recompute, move weights and choose variants: the most general bound applies
-    bound = bound_fields(lower_bound(loaded, hardware, result.budget_bytes, recompute=True, moves_persistent=True,
+    # the bound of the plan's own kind (as `plan` printed it); a plan that does not say may swap,
+    # recompute, move weights and choose variants: the most general bound applies
+    kind = loaded_plan.planner.bound if loaded_plan.planner is not None and loaded_plan.planner.bound else ""
+    general = not kind.startswith("swap")
+    bound = bound_fields(lower_bound(loaded, hardware, result.budget_bytes,
+                                     recompute=general or "recompute" in kind,
+                                     moves_persistent=general or "persistent" in kind,
                                      cpu_ops=loaded_plan.uses_cpu, uvm=loaded_plan.uvm,
                                      codecs=loaded_plan.uses_codecs, variants=True), result)
     if timeline_out and result.timeline is not None:
@@ -270,9 +314,19 @@ def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, alloc
     if as_json:
         _echo_json({"profile": loaded.name, "hardware": hardware.name, **result.to_dict(), **bound})
     else:
-        print_result(loaded.name, hardware.name, result, bound)
+        print_result(loaded.name, hardware.name, result, bound, loaded)
     if not result.ok:
         raise click.exceptions.Exit(1)
+
+
+def _check_plan_budget(path, plan, hardware) -> None:
+    """InputError when the plan's own budget is more than the GPU's memory (simulate and
+    validate without --budget)."""
+    if plan.budget_bytes is not None and plan.budget_bytes > hardware.gpu.memory_bytes:
+        raise InputError(path, "budget_bytes",
+                         f"the plan's budget, {format_bytes(plan.budget_bytes)} ({plan.budget_bytes} "
+                         f"bytes), is more than the GPU's memory on {hardware.name} "
+                         f"({format_bytes(hardware.gpu.memory_bytes)}); give --budget to simulate it with another")
 
 
 def _hardware(hardware_name, plan, profile):
@@ -321,11 +375,15 @@ def replay_cmd(profile, plan, backend, hardware_name, budget, time_scale, size_s
     status: 0 the replay ran and every check passed, 1 the plan failed at replay, 2 bad
     input (a missing CuPy or GPU for --backend cuda included).
     """
-    from executor.api import replay
+    from executor.api import refuse_uvm, replay
     from simulator.units import parse_budget
 
-    loaded = catalog.open_profile(profile)
+    if backend == "cuda":
+        from executor.cuda import require_cuda
+        require_cuda()               # no CuPy or no GPU: one line before reading anything
     loaded_plan = load_plan(plan)
+    refuse_uvm(loaded_plan)          # before the profile is read: nothing to replay
+    loaded = catalog.open_profile(profile)
     hardware = _hardware(hardware_name, loaded_plan, loaded)
     budget_bytes = parse_budget(budget, loaded.peak_bytes) if budget is not None else None
     report = replay(loaded, loaded_plan, hardware, budget_bytes, backend=backend, time_scale=time_scale,
@@ -384,8 +442,9 @@ def replay_cmd(profile, plan, backend, hardware_name, budget, time_scale, size_s
               help="Sequence length (image side) of the real step --density runs [default: min(seq, 128) for "
                    "a language model, then --seq if the graph differs at 128; --seq otherwise]; a shorter one "
                    "is cheaper (the graph must still have the same tensors and ops).")
-@click.option("--density-seed", type=int, default=0, show_default=True, metavar="N",
-              help="Seed of the weights, the batch and the RNG of --density's step.")
+@click.option("--density-seed", type=click.IntRange(0, 2**64 - 1), default=0, show_default=True, metavar="N",
+              help="Seed of the weights, the batch and the RNG of --density's step (0 to 2^64 - 1, the seeds "
+                   "torch takes).")
 @click.option("--density-threads", type=click.IntRange(1, 1024), default=None, metavar="N",
               help="Intra-op CPU threads of --density's step [default: 2, whatever the machine: another count "
                    "may move a density by one in its last digit].")
@@ -410,8 +469,7 @@ def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name
     """
     from simulator.profile import save_profile
 
-    _need_torch()
-    from tracer.torch_trace import trace
+    _need_torch("trace")
 
     if list_models:
         from tracer.models import REGISTRY
@@ -424,9 +482,17 @@ def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name
                         or density_threads is not None):
         raise click.UsageError("--density-batch, --density-seq, --density-seed and --density-threads go with "
                                "--density")
-    _outputs(output, density_out)
+    _outputs({"-o": output, "--density-out": density_out},
+             [("--hf-config file", hf_config), ("hardware file", hardware_name), ("--density-file", density_file)])
+    if hf_config is not None:   # a bad or oversized config fails at once, before torch is imported
+        from tracer.hf_config import precheck
+        precheck(hf_config, batch=batch, seq=seq)
     raw_densities = _read_density_file(density_file)   # a bad file fails before the trace
     what = model if hf_config is None else hf_config
+    try:
+        from tracer.torch_trace import trace
+    except ModuleNotFoundError as exc:   # torch found but broken: a part of it is missing
+        raise InputError("", "", f"trace {_TRACE_EXTRA} ({exc.name} cannot be imported)") from None
     click.echo(f"tracing {what}{' and measuring densities' if density else ''} ...", err=True)
     try:
         profile = trace(model, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer, hardware=hardware_name,
@@ -437,7 +503,7 @@ def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name
     except ModuleNotFoundError as exc:  # transformers, for the Hugging Face models
         if (exc.name or "").split(".")[0] not in ("torch", "transformers"):
             raise
-        raise InputError("<argument>", "trace", f"tracing {what} needs {exc.name}; {_TRACE_HINT}") from None
+        raise InputError("", "", f"trace of {what} {_TRACE_EXTRA} ({exc.name} is not installed)") from None
     profile = _apply_density_file(profile, density_file, raw_densities)
     save_profile(profile, output)
     click.echo(f"wrote {output}: {profile.name}, {len(profile.ops)} ops, {len(profile.tensors)} tensors, "
@@ -475,20 +541,25 @@ def _density_outputs(profile, densities_given, density_out) -> None:
                    f"{sum(t.density is not None for t in profile.tensors)} tensors")
 
 
-_TRACE_HINT = ("install the trace extra: from a checkout, pip install -e '.[trace]' (from a package index, "
-               "pip install 'swapplan[trace]')")
+_TRACE_EXTRA = ("needs the 'trace' extra (torch, transformers): pip install 'swapplan[trace]' "
+                "(from a checkout: pip install -e '.[trace]')")
 
 
-def _need_torch() -> None:
-    """InputError (exit 2) naming the extra to install when torch is missing."""
+def _need_torch(command: str | None = None) -> None:
+    """InputError (exit 2), one line ``<command> needs the 'trace' extra ...``, when torch
+    is missing (or its import is blocked); ``command`` defaults to the one running."""
     import importlib.util
+
+    if command is None:
+        ctx = click.get_current_context(silent=True)
+        command = ctx.info_name if ctx is not None and ctx.info_name else "swapplan"
 
     try:
         found = importlib.util.find_spec("torch") is not None
     except (ImportError, ValueError):  # ValueError: blocked (sys.modules["torch"] is None)
         found = False
     if not found:
-        raise InputError("<argument>", "trace", f"tracing needs torch; {_TRACE_HINT}")
+        raise InputError("", "", f"{command} {_TRACE_EXTRA}")
 
 
 # ----------------------------------------------------------------------------- train
@@ -585,7 +656,7 @@ def import_kineto_cmd(trace, et_path, iteration, name, density_file, output) -> 
 
     if name is not None and not name.strip():
         raise InputError("<argument>", "--name", "expected a profile name, got an empty one")
-    _outputs(output)
+    _outputs({"-o": output}, [("trace", trace), ("--et trace", et_path), ("--density-file", density_file)])
     raw_densities = _read_density_file(density_file)
     profile = import_kineto(trace, et_path=et_path, iteration=iteration, name=name)
     profile = _apply_density_file(profile, density_file, raw_densities)
@@ -660,16 +731,16 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_li
     from planner.core.api import make_plan
     from planner.core.registry import RunOptions
     from simulator.plan import save_plan
-    from simulator.units import parse_budget
+    from simulator.units import planning_budget
 
-    _outputs(output)
+    _outputs({"-o": output}, [("profile", _profile_input(profile)), ("hardware file", hardware_name)])
     loaded = catalog.open_profile(profile)
     hardware = _hardware(hardware_name, None, loaded)
-    budget_bytes = hardware.gpu.memory_bytes if budget is None else parse_budget(budget, loaded.peak_bytes)
-    if budget is not None and budget.strip().endswith("%") and budget_bytes > hardware.gpu.memory_bytes:
-        _note(f"budget: {budget} of the no-swap peak is {format_bytes(budget_bytes)}, more than the GPU's "
+    budget_bytes, asked = (hardware.gpu.memory_bytes, None) if budget is None else \
+        planning_budget(budget, loaded.peak_bytes, hardware.gpu.memory_bytes)
+    if asked is not None:
+        _note(f"budget: {budget} of the no-swap peak is {format_bytes(asked)}, more than the GPU's "
               f"{format_bytes(hardware.gpu.memory_bytes)} on {hardware.name}: planning for the GPU's memory")
-        budget_bytes = hardware.gpu.memory_bytes
     given = _parse_params(params)
     if gap is not None:
         given["gap"] = str(gap)
@@ -703,7 +774,7 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_li
     else:
         click.echo(f"planner {planner_name} ({planned.plan.planner.status}): {len(planned.plan.actions)} actions "
                    f"in {planned.seconds:.3f} s" + (f", written to {output}" if output else ""))
-        print_result(loaded.name, hardware.name, result, {key: summary[key] for key in
+        print_result(loaded.name, hardware.name, result, profile=loaded, bound={key: summary[key] for key in
                                                           ("lower_bound_us", "gap_to_bound", "bound")})
     if not result.ok:
         raise click.exceptions.Exit(1)
@@ -711,8 +782,9 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_li
 
 @app.command("compare")
 @click.argument("profiles", nargs=-1, required=True, metavar="PROFILE...")
-@click.option("--planners", "planner_list", default="all", show_default=True,
-              help="Comma-separated planners, or all (see `swapplan planners`).")
+@click.option("--planners", "planner_list", default="quick", show_default=True,
+              help="Comma-separated planners; quick: one or two of each family that plan in seconds; all: "
+                   "every planner (the searching ones take up to --time-limit each) (see `swapplan planners`).")
 @click.option("--budgets", default="90%,70%,50%,30%", show_default=True,
               help="Comma-separated budgets: percentages of each profile's no-swap peak and/or sizes "
                    "(8GiB); capped at the GPU's memory.")
@@ -742,16 +814,29 @@ def compare_cmd(profiles, planner_list, budgets, hardware_names, time_limit, job
     from compare.progress import ProgressLine
     from compare.report import write_report
     from compare.sweep import expand_cells, run_sweep
-    from planner.core.registry import planners
+    from planner.core.registry import QUICK, get_planner, planners
 
-    names = [s.name for s in planners()] if planner_list.strip() == "all" else \
-        [name.strip() for name in planner_list.split(",") if name.strip()]
+    names = [s.name for s in planners()] if planner_list.strip() == "all" else list(QUICK) \
+        if planner_list.strip() == "quick" else [name.strip() for name in planner_list.split(",") if name.strip()]
     budget_list = [b.strip() for b in budgets.split(",") if b.strip()]
     if not names or not budget_list:
         raise InputError("<argument>", "--planners" if not names else "--budgets", "is empty")
-    cells = expand_cells(profiles, hardware_names or (None,), names, budget_list, seed, time_limit)
+    check_output_folder(out, "--out", _compare_writes, subfolders=("plans",),
+                        inputs=[("profile", _profile_input(p)) for p in profiles]
+                        + [("hardware file", h) for h in hardware_names])
+    folded: list[str] = []
+    cells = expand_cells(profiles, hardware_names or (None,), names, budget_list, seed, time_limit, folded)
+    for line in folded:
+        _note(line)
+    workers = jobs or min(os.cpu_count() or 1, len(cells))
+    if not as_json:
+        searching = [name for name in names if get_planner(name).searches]
+        click.echo(f"compare: {len(cells)} cells ({len(names)} planners x {len(cells) // max(1, len(names))} "
+                   f"profile, machine and budget cells) on {workers} process{'es' if workers > 1 else ''}"
+                   + (f"; {', '.join(searching)} search up to {time_limit or 60:g} s a cell" if searching else ""),
+                   err=True)
     progress = None if as_json else ProgressLine()
-    outcome = run_sweep(cells, out, jobs=jobs or min(os.cpu_count() or 1, len(cells)), dask_address=dask_address,
+    outcome = run_sweep(cells, out, jobs=workers, dask_address=dask_address,
                         progress=progress)
     page = write_report(outcome.rows, Path(out)) if outcome.rows else None
     if as_json:
@@ -768,6 +853,15 @@ def compare_cmd(profiles, planner_list, budgets, hardware_names, time_limit, job
         raise click.exceptions.Exit(130)
     if outcome.failed:
         raise click.exceptions.Exit(1)
+
+
+def _compare_writes(relative: Path) -> bool:
+    """Whether compare --out writes the file at this path inside its folder: results.csv,
+    results.json, report.html, the charts (*.png) and plans/*."""
+    parts = relative.parts
+    if len(parts) == 1:
+        return parts[0] in ("results.csv", "results.json", "report.html") or parts[0].lower().endswith(".png")
+    return len(parts) >= 2 and parts[0] == "plans"
 
 
 @app.command("place")
@@ -792,9 +886,14 @@ def place_cmd(profile, plan, method, hardware_name, budget, output, as_json) -> 
     from simulator.plan import save_plan
     from simulator.units import parse_budget
 
-    _outputs(output)
-    loaded = catalog.open_profile(profile)
+    _outputs({"-o": output},
+             [("profile", _profile_input(profile)), ("plan", plan), ("hardware file", hardware_name)])
     loaded_plan = load_plan(plan)
+    if loaded_plan.uvm:              # before the profile is read: nothing to place
+        raise InputError(loaded_plan.origin, "memory", "a UVM plan (\"memory\": \"uvm\") has no placement: the "
+                                                       "driver places its blocks (R33); `swapplan simulate` scores "
+                                                       "it, or place a plan of an explicit planner")
+    loaded = catalog.open_profile(profile)
     try:
         hardware = _hardware(hardware_name, loaded_plan, loaded)
     except InputError:
@@ -834,7 +933,7 @@ def variants_cmd(profile, source, output) -> None:
     from simulator.profile import save_profile
     from simulator.compile.variants import merge_variants, read_variants
 
-    _outputs(output)
+    _outputs({"-o": output}, [("profile", _profile_input(profile)), ("--from CSV", source)])
     loaded = catalog.open_profile(profile)
     merged = merge_variants(loaded, read_variants(source), source)
     save_profile(merged, output)
@@ -848,6 +947,8 @@ def planners_cmd(as_json: bool) -> None:
     """List the planners and their parameters."""
     from planner.core.registry import planners
 
+    from planner.core.registry import FAMILIES, START_HERE
+
     specs = planners()
     if as_json:
         _echo_json([{"name": s.name, "summary": s.summary, "paper": s.paper,
@@ -857,12 +958,7 @@ def planners_cmd(as_json: bool) -> None:
                                  "choices": list(p.choices) if p.choices else None} for p in s.params]}
                     for s in specs])
         return
-    for spec in specs:
-        click.echo(f"{spec.name}: {spec.summary}" + (f"  [{spec.paper}]" if spec.paper else ""))
-        if spec.moves_persistent:
-            click.echo("    moves weights and optimizer state too")
-        for p in spec.params:
-            click.echo(f"    --param {p.name}={p.default}  {p.help} ({p.describe()})")
+    print_planners(specs, FAMILIES, START_HERE)
 
 
 # ----------------------------------------------------------------------------- lists
@@ -876,16 +972,7 @@ def hardware_cmd(as_json: bool) -> None:
     if as_json:
         _echo_json([hw.to_dict() for hw in presets])
         return
-    rows = []
-    for hw in presets:
-        ssd = f"{hw.ssd.read_gbps:g}/{hw.ssd.write_gbps:g} GB/s" if hw.ssd else "-"
-        rows.append([hw.name, format_bytes(hw.gpu.memory_bytes), f"{hw.gpu.fp32_tflops:g}",
-                     f"{hw.gpu.fp16_tflops:g}", f"{hw.gpu.hbm_gbps:g}",
-                     f"{hw.pcie.h2d_gbps:g}/{hw.pcie.d2h_gbps:g} GB/s {hw.pcie.duplex}",
-                     format_bytes(hw.host.memory_bytes), ssd,
-                     f"{hw.cpu.tflops:g} TF, {hw.cpu.mem_gbps:g} GB/s" if hw.cpu else "-"])
-    table(None, ["preset", "GPU memory", "FP32 TF", "FP16 TF", "HBM GB/s", "PCIe h2d/d2h",
-                  "host", "SSD read/write", "CPU (ops)"], rows, right={1, 2, 3, 4})
+    print_hardware(presets)
 
 
 @app.command("profiles")
@@ -896,9 +983,7 @@ def profiles_cmd(as_json: bool) -> None:
     if as_json:
         _echo_json(rows)
         return
-    table(None, ["name", "ops", "tensors", "peak", "ideal", "source"],
-           [[r["name"], r["ops"], r["tensors"], format_bytes(r["peak_bytes"]), format_us(r["ideal_us"]),
-             r["source"] or ""] for r in rows], right={1, 2, 3, 4})
+    print_profiles(rows)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,10 +2,13 @@
 training run's report, a comparison (cli.py parses and calls; this module only formats)."""
 from __future__ import annotations
 
+import os
+import re
 import sys
 
 import click
 
+from planner.core.bound import bound_words
 from simulator.units import format_bytes, format_us
 
 
@@ -23,19 +26,47 @@ def table(title: str | None, columns: list[str], rows: list[list], right: set[in
     Console(highlight=False, width=width).print(view)
 
 
-def print_result(profile_name: str, hardware_name: str, result, bound: dict | None = None) -> None:
+def named_reason(reason: str, profile) -> str:
+    """A result's reason as people read it: every op or tensor id of ``profile`` it names
+    (quoted, or a resident ``t107 (201326592 B)``) as its name with the id in brackets
+    (``layer3.fc1.out [t107]``), and byte counts in KiB/MiB/GiB. JSON output keeps the
+    reason as the simulator words it."""
+    if profile is None:
+        return reason
+    tensors = profile.tensor_by_id
+    ops = {op.id: op for op in profile.ops}
+
+    def named(key: str, quoted: str) -> str:
+        if key in tensors:
+            return f"{tensors[key].name} [{key}]" if tensors[key].name else quoted
+        if key in ops:
+            op = ops[key]
+            return op.name + (f" in {op.module}" if op.module else "") + f" [{key}]"
+        return quoted
+
+    text = re.sub(r"(?<![\w'])([\w.:/-]+) \((\d+) B\)",
+                  lambda m: f"{named(m.group(1), m.group(1))} ({format_bytes(int(m.group(2)))})", reason)
+    text = re.sub(r"'([^']+)'", lambda m: named(m.group(1), m.group(0)), text)
+    return re.sub(r"\b(\d+)(?: bytes)?(?= free| needed| available|;|,| \(|\)|$)",
+                  lambda m: format_bytes(int(m.group(1))) if "bytes" in m.group(0) or int(m.group(1)) >= 1024
+                  else m.group(0), text)
+
+
+def print_result(profile_name: str, hardware_name: str, result, bound: dict | None = None, profile=None) -> None:
+    """A simulation's result for people; ``profile`` names ops and tensors in the reason."""
     status = "ok" if result.ok else ("INVALID" if not result.valid else "INFEASIBLE")
     click.echo(f"{profile_name} on {hardware_name}, budget {format_bytes(result.budget_bytes)}: {status}")
     if not result.ok:
-        click.echo(f"  {result.rule}: {result.reason}" if result.reason else f"  {result.rule} at op {result.op}")
+        click.echo(f"  {result.rule}: {named_reason(result.reason, profile)}" if result.reason
+                   else f"  {result.rule} at op {result.op}")
         if result.valid:
             click.echo(f"  stopped at {format_us(result.iteration_us)}; peak {format_bytes(result.peak_bytes)}")
         return
     click.echo(f"  iteration  {format_us(result.iteration_us)}  (ideal {format_us(result.ideal_us)}, "
                f"overhead {result.overhead * 100:.2f}%)")
     if bound is not None and bound["lower_bound_us"] is not None:
-        click.echo(f"  bound      {format_us(bound['lower_bound_us'])}  (no {bound['bound']} plan is faster; "
-                   f"this one is {bound['gap_to_bound'] * 100:.2f}% above it)")
+        click.echo(f"  bound      {format_us(bound['lower_bound_us'])}  (none of the {bound_words(bound['bound'])} "
+                   f"is faster; this one is {bound['gap_to_bound'] * 100:.2f}% above it)")
     click.echo(f"  compute    {format_us(result.compute_us)}  (recompute {format_us(result.recompute_us)})")
     if result.cpu_us:
         click.echo(f"  cpu        {format_us(result.cpu_us)}  (ops on the host CPU, R24-R28)")
@@ -127,3 +158,61 @@ def print_comparison(rows: list[dict]) -> None:
         click.echo(f"{grid.profile} on {grid.hardware}: overhead over the ideal iteration (* best per budget)")
         table(None, ["planner"] + [budget_label(grid, b) for b in grid.budgets], lines,
                right=set(range(1, len(grid.budgets) + 1)))
+
+
+def out_of_memory_line(command: str, exc: MemoryError) -> str:
+    """The one line for a MemoryError in ``command``: what ran out (the process's
+    address-space limit when one is set below the machine's memory, else the machine's
+    memory) and what to try."""
+    what = "this machine's memory"
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        what += f" ({format_bytes(physical)})"
+    except (ValueError, OSError, AttributeError):
+        physical = None
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY and (physical is None or soft < physical):
+            what = f"this process's address-space limit (ulimit -v: {format_bytes(soft)})"
+    except (ImportError, ValueError, OSError):
+        pass
+    detail = f" ({exc})" if str(exc) else ""
+    return (f"{command}: out of memory{detail}: the input needs more than {what}; try a smaller input "
+            "(profile, plan, batch, sizes) or a machine with more memory")
+
+
+def print_hardware(presets) -> None:
+    """`swapplan hardware`: one row per preset."""
+    rows = []
+    for hw in presets:
+        ssd = f"{hw.ssd.read_gbps:g}/{hw.ssd.write_gbps:g} GB/s" if hw.ssd else "-"
+        rows.append([hw.name, format_bytes(hw.gpu.memory_bytes), f"{hw.gpu.fp32_tflops:g}",
+                     f"{hw.gpu.fp16_tflops:g}", f"{hw.gpu.hbm_gbps:g}",
+                     f"{hw.pcie.h2d_gbps:g}/{hw.pcie.d2h_gbps:g} GB/s {hw.pcie.duplex}",
+                     format_bytes(hw.host.memory_bytes), ssd,
+                     f"{hw.cpu.tflops:g} TF, {hw.cpu.mem_gbps:g} GB/s" if hw.cpu else "-"])
+    table(None, ["preset", "GPU memory", "FP32 TF", "FP16 TF", "HBM GB/s", "PCIe h2d/d2h",
+                 "host", "SSD read/write", "CPU (ops)"], rows, right={1, 2, 3, 4})
+
+
+def print_profiles(rows: list[dict]) -> None:
+    """`swapplan profiles`: one row per shipped profile."""
+    table(None, ["name", "ops", "tensors", "peak", "ideal", "source"],
+          [[r["name"], r["ops"], r["tensors"], format_bytes(r["peak_bytes"]), format_us(r["ideal_us"]),
+            r["source"] or ""] for r in rows], right={1, 2, 3, 4})
+
+
+def print_planners(specs, families: dict, start_here: str) -> None:
+    """`swapplan planners`: where to start, then each family's planners and their knobs."""
+    click.echo(start_here)
+    for family, title in families.items():
+        members = [spec for spec in specs if spec.family == family]
+        if members:
+            click.echo(f"\n## {title}")
+        for spec in members:
+            click.echo(f"{spec.name}: {spec.summary}" + (f"  [{spec.paper}]" if spec.paper else ""))
+            if spec.moves_persistent:
+                click.echo("    moves weights and optimizer state too")
+            for p in spec.params:
+                click.echo(f"    --param {p.name}={p.default}  {p.help} ({p.describe()})")

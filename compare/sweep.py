@@ -25,14 +25,17 @@ RESULTS_JSON, RESULTS_CSV, PLANS = "results.json", "results.csv", "plans"
 
 
 def expand_cells(profiles: Iterable[str], hardware: Iterable[str | None], planners: Iterable[str],
-                 budgets: Iterable[str], seed: int = 0, time_limit: float | None = None) -> list[Cell]:
+                 budgets: Iterable[str], seed: int = 0, time_limit: float | None = None,
+                 notes: list[str] | None = None) -> list[Cell]:
     """Every (profile, hardware, planner, budget), in that nesting order. Profiles,
     hardware, planners and budgets are checked here: bad input fails before any work.
-    A hardware of None is the profile's own (as ``swapplan plan`` chooses it)."""
+    A hardware of None is the profile's own (as ``swapplan plan`` chooses it). Budgets
+    that a machine caps to the same bytes are compared once, under the first of them;
+    ``notes`` receives one line per profile and machine saying which were folded."""
     from planner.core.registry import get_planner
     from simulator.catalog import default_hardware, open_profile
     from simulator.hardware import load_hardware
-    from simulator.units import parse_budget
+    from simulator.units import format_bytes, planning_budget
 
     planners = list(dict.fromkeys(planners))
     for name in planners:
@@ -43,12 +46,25 @@ def expand_cells(profiles: Iterable[str], hardware: Iterable[str | None], planne
         for hw_spec in dict.fromkeys(hardware):
             hw_spec = hw_spec or default_hardware(None, None, profile)
             machine = load_hardware(hw_spec)
+            kept: dict[int, list[str]] = {}     # capped bytes -> the budgets that come to them
+            chosen = []
+            for budget in dict.fromkeys(budgets):
+                budget_bytes, asked = planning_budget(budget, profile.peak_bytes, machine.gpu.memory_bytes,
+                                                      "--budgets", cap_sizes=True)
+                if asked is not None and budget_bytes in kept:
+                    kept[budget_bytes].append(budget)
+                    continue
+                kept[budget_bytes] = [budget]
+                chosen.append((budget, budget_bytes, asked is not None))
+            for same in kept.values():
+                if len(same) > 1 and notes is not None:
+                    notes.append(f"{profile.name} on {machine.name}: budgets {', '.join(same)} are all more than the "
+                                 f"GPU's {format_bytes(machine.gpu.memory_bytes)}: compared once, as {same[0]} "
+                                 "(capped)")
             for planner in planners:
-                for budget in dict.fromkeys(budgets):
-                    wanted = parse_budget(budget, profile.peak_bytes, "--budgets")
-                    budget_bytes = min(wanted, machine.gpu.memory_bytes)
+                for budget, budget_bytes, capped in chosen:
                     cells.append(Cell(str(spec), profile.name, profile.sha256, str(hw_spec), machine.name, planner,
-                                      budget, budget_bytes, wanted > budget_bytes, seed, time_limit))
+                                      budget, budget_bytes, capped, seed, time_limit))
     return cells
 
 

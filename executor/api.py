@@ -26,6 +26,7 @@ BACKENDS = ("host", "cuda")
 TARGET_WALL_S = 3.0            # the host backend's auto time scale aims at this much real time
 REGION_CAP_BYTES = 64 * 2**20  # ... and its auto size scale keeps the GPU region under this
 CHECK_RATE = 0.5e9             # bytes/s of the checks' budget per unit of time scale (see auto_scales)
+MAX_WALL_S = 3600.0            # a --time-scale that stretches the iteration past an hour is refused
 
 
 def auto_scales(backend: str, hardware: Hardware, budget: int, base_us: float,
@@ -74,6 +75,10 @@ def replay(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int |
             raise InputError("<argument>", name, f"must be a number above 0, got {value}")
     if size_scale is not None and size_scale > 1:
         raise InputError("<argument>", "--size-scale", f"must be at most 1, got {size_scale}")
+    if backend == "cuda":
+        from .cuda import require_cuda
+        require_cuda()                  # before any work: no CuPy or no GPU is one line at once
+    refuse_uvm(plan)
     machine = compile_machine(hardware)
     check_plan(plan, profile, machine.has_ssd, machine.cpu is not None)
     if plan.uses_cpu:
@@ -90,6 +95,10 @@ def replay(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int |
     predicted = simulate(profile, plan, hardware, budget)
     base_us = predicted.iteration_us if predicted.ok else profile.ideal_us
     time_scale, size_scale = auto_scales(backend, hardware, budget, base_us, time_scale, size_scale)
+    if base_us * 1e-6 * time_scale > MAX_WALL_S:
+        raise InputError("<argument>", "--time-scale", f"{time_scale:g} stretches the {base_us:g} us iteration to "
+                         f"{base_us * 1e-6 * time_scale:.3g} s of real time, more than a replay may take "
+                         f"({MAX_WALL_S:g} s): give a smaller --time-scale (auto aims at {TARGET_WALL_S:g} s)")
     runtime = lower(profile, plan, hardware)
     largest = max((t.bytes for t in profile.tensors), default=0)
     patterns = Patterns(align(math.ceil(largest * size_scale)) // 8 + 1)
@@ -119,6 +128,18 @@ def replay(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int |
     finally:
         engine.close()
     return _report(profile, plan, hardware, backend, budget, time_scale, size_scale, scheduler, predicted, failure)
+
+
+def refuse_uvm(plan: Plan) -> None:
+    """InputError for a plan in UVM mode (``"memory": "uvm"``, R30-R37): the executor
+    swaps explicitly (its own copies, in a region it allocates), while a UVM plan's
+    migrations are the driver's (page faults, eviction by arrival, write-back), which it
+    does not emulate: replaying one as an explicit plan would report a false overrun."""
+    if plan.uvm:
+        raise InputError(plan.origin, "memory", "a UVM plan (\"memory\": \"uvm\") is not replayed: its migrations "
+                                                "are the driver's page faults and evictions (R30-R37), which the "
+                                                "executor does not emulate; `swapplan simulate` scores it, or replay "
+                                                "a plan of an explicit planner (`swapplan planners`)")
 
 
 def _backend(backend, runtime, profile, plan, time_scale, size_scale, patterns, region, tmpdir):

@@ -80,13 +80,17 @@ __global__ void peek(const unsigned long long* p, unsigned long long* slot) {
 """ % int(K)
 
 
-def _cupy():
-    """CuPy and a device, or InputError saying what is missing."""
+def require_cuda():
+    """CuPy and a device, or InputError saying what is missing: cheap, so that ``replay``
+    and ``swapplan replay --backend cuda`` ask it before reading or simulating anything."""
     try:
         import cupy
     except ImportError as exc:
         raise InputError("<argument>", "--backend", "the cuda backend needs CuPy: install the cuda extra "
                          f"(pip install -e '.[cuda]'), or use --backend host ({exc})") from None
+    except Exception as exc:   # CuPy is there but cannot load its CUDA libraries
+        raise InputError("<argument>", "--backend", f"the cuda backend needs a working CuPy: importing it failed "
+                         f"({type(exc).__name__}: {exc}); or use --backend host") from None
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:   # no driver, no device: CuPy raises its CUDARuntimeError
@@ -103,7 +107,7 @@ class CudaBackend:
     def __init__(self, link_capacity, time_scale: float, patterns: Patterns, arena_bytes: int,
                  tmpdir: str | None = None, host_tensors: dict[str, int] | None = None, checks: int = 1 << 16,
                  items: int = 1 << 16):
-        cp = self.cp = _cupy()
+        cp = self.cp = require_cuda()
         rt = cp.cuda.runtime
         self.H2D, self.D2H, self.D2D = rt.memcpyHostToDevice, rt.memcpyDeviceToHost, rt.memcpyDeviceToDevice
         self.clock = time.perf_counter

@@ -4,12 +4,14 @@ for bit and what the planned run held on the "GPU"."""
 from __future__ import annotations
 
 import contextlib
+import re
+import sys
 import time
 
 from simulator.errors import InputError
 from simulator.hardware import Hardware, load_hardware
 from simulator.plan import Plan, check_plan, load_plan
-from simulator.units import parse_budget
+from simulator.units import parse_budget, planning_budget
 
 from .bindings import Values, bind, initial_values
 from .interpreter import PlanRefused, PlannedInterpreter, reference_step
@@ -57,10 +59,10 @@ def train(model: str, *, planner: str | None = None, budget: str | int | None = 
 
     started = time.perf_counter()
     if plan is None:
-        budget_bytes = budget if isinstance(budget, int) else parse_budget(budget, profile.peak_bytes)
-        if budget_bytes > hw.gpu.memory_bytes:
-            notes.append(f"budget: {budget} is more than the GPU's memory on {hw.name}: planning for the GPU's")
-            budget_bytes = hw.gpu.memory_bytes
+        budget_bytes, asked = planning_budget(budget, profile.peak_bytes, hw.gpu.memory_bytes)
+        if asked is not None:
+            notes.append(f"budget: {budget} of the no-swap peak is more than the GPU's memory on {hw.name}: "
+                         "planning for the GPU's")
         the_plan = make_plan(profile, hw, budget_bytes, planner, params or {}, seed).plan
     else:
         the_plan = plan if isinstance(plan, Plan) else load_plan(plan)
@@ -74,10 +76,38 @@ def train(model: str, *, planner: str | None = None, budget: str | int | None = 
     plan_s = time.perf_counter() - started
 
     planned_run = PlannedInterpreter(bindings, the_plan, hw, budget_bytes)   # refuses a bad plan now
-    values = initial_values(bindings, seed)
-    with _threads(threads):
-        return _run_all(model, profile, bindings, the_plan, planned_run, values, hw, steps, seed, plan, planner,
-                        gpu_kernels, notes, trace_s, plan_s, threads)
+    try:
+        values = initial_values(bindings, seed)
+        with _threads(threads):
+            return _run_all(model, profile, bindings, the_plan, planned_run, values, hw, steps, seed, plan, planner,
+                            gpu_kernels, notes, trace_s, plan_s, threads)
+    except (MemoryError, RuntimeError) as exc:
+        if not out_of_memory(exc):
+            raise
+        detail = re.sub(r"^\[enforce fail[^\]]*\]\s*(err == 0\.\s*)?", "", str(exc).strip())   # c10's prefix
+        detail = detail.splitlines()[0] if detail else type(exc).__name__
+    # out of the handler, the traceback and the tensors its frames held are gone; these too
+    values = planned_run = None  # noqa: F841
+    batch_seq = f"batch {profile.source.get('batch')}" + (f", seq {profile.source['seq']}"
+                                                        if profile.source.get("seq") else "")
+    raise InputError("<argument>", "--batch", f"{model} at {batch_seq} ran out of memory in its real CPU steps "
+                                              f"({detail}): try a smaller --batch (or --seq)")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says memory ran out: a MemoryError, torch's OutOfMemoryError, or
+    the RuntimeError its CPU allocator raises (``DefaultCPUAllocator: can't allocate
+    memory``, ``not enough memory``)."""
+    if isinstance(exc, MemoryError):
+        return True
+    oom = getattr(sys.modules.get("torch"), "OutOfMemoryError", None)
+    if oom is not None and isinstance(exc, oom):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(words in text for words in _OUT_OF_MEMORY)
+
+
+_OUT_OF_MEMORY = ("not enough memory", "out of memory", "can't allocate memory", "cannot allocate memory")
 
 
 def _run_all(model, profile, bindings, the_plan, planned_run, values, hw, steps, seed, plan, planner,

@@ -16,7 +16,7 @@ from .compile.compiled import compile_machine, compile_profile
 from .compile.lower import compile_program
 from .compile.program import PlanInvalid
 from .fast import explicit as fastpath, uvm as fastuvm
-from .hardware import Hardware
+from .hardware import Hardware, check_uvm_scale
 from .plan import Plan, check_plan
 from .profile import Profile
 from .result import Result, Score
@@ -43,6 +43,7 @@ class Simulator:
         self.compiled = compile_profile(profile)
         self.machine = compile_machine(hardware)
         self._names = None
+        self._uvm_scale_checked = False
 
     def budget(self, plan: Plan, budget_bytes: int | None = None) -> int:
         """R2: the budget a plan runs under."""
@@ -80,6 +81,7 @@ class Simulator:
     def _run(self, plan: Plan, budget: int) -> Result:
         """The Result with no timeline of a plan the explicit C path does not run: a UVM
         plan's from C where that applies, else the Python reference's."""
+        self._check_uvm_scale(plan)
         if not (plan.uvm and fastuvm.available()):
             return self._reference(plan, budget, False)
         try:
@@ -90,6 +92,7 @@ class Simulator:
         return result if result is not None else run_program(self.compiled, program, self.machine, budget)
 
     def _reference(self, plan: Plan, budget: int, record: bool, allocator: str | None = None) -> Result:
+        self._check_uvm_scale(plan)
         try:
             program = compile_program(self.profile, self.compiled, plan, self.machine)
         except PlanInvalid as exc:
@@ -97,6 +100,13 @@ class Simulator:
         if record and self._names is None:
             self._names = [(op.id, op.name, op.phase) for op in self.profile.ops]
         return run_program(self.compiled, program, self.machine, budget, record, self._names, allocator)
+
+    def _check_uvm_scale(self, plan: Plan) -> None:
+        """R30: a UVM plan runs only where the machine's blocks and pages cut the profile's
+        tensors into a number a run can afford (``check_uvm_scale``); checked once."""
+        if plan.uvm and not self._uvm_scale_checked:
+            check_uvm_scale(self.hardware, self.compiled.tensor_bytes.values(), self.profile.name)
+            self._uvm_scale_checked = True
 
     def score(self, plan: Plan, budget_bytes: int | None = None) -> Score:
         """Score one plan (see ``Score``); the C fast path when built."""
@@ -161,3 +171,24 @@ def _gc_paused():
     finally:
         if was_enabled:
             gc.enable()
+
+
+def check_static(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None = None,
+                 simulator: Simulator | None = None) -> PlanInvalid | None:
+    """The checks ``Simulator.simulate`` makes before it runs a plan, without running it:
+    ``check_plan`` on this machine (InputError for the structure: unknown ids, a plan for
+    another profile, an SSD or CPU the machine lacks), the budget (R2: InputError above
+    the GPU's memory), then ``compile_program``, which decides every rule a plan breaks
+    (simulate's ``valid: false`` comes from it alone, in every path). Returns the broken
+    rule as a PlanInvalid (``rule``, ``op``, ``tensor``, ``reason``: what simulate
+    reports), None for a plan that simulate finds valid. ``simulator``: one already
+    made for this profile and machine."""
+    sim = simulator if simulator is not None else Simulator(profile, hardware)
+    with _gc_paused():
+        check_plan(plan, profile, sim.machine.has_ssd, sim.machine.cpu is not None)
+        sim.budget(plan, budget_bytes)
+        try:
+            compile_program(profile, sim.compiled, plan, sim.machine)
+        except PlanInvalid as exc:
+            return exc
+    return None

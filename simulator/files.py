@@ -5,7 +5,8 @@ only (a FIFO, ``/dev/stdin`` or a device would block or never end), at most
 ``max_input_bytes()`` bytes before and after gunzip, YAML without alias bombs, and text
 without lone UTF-16 surrogates. Writes are atomic (a temporary file in the same folder
 renamed into place) and go only to a new path or over a regular file: never through a
-symbolic link, over a device, a FIFO or a folder.
+symbolic link, over a device, a FIFO or a folder; ``check_outputs`` (and
+``check_output_folder``) also keep a command's outputs off its inputs and off each other.
 """
 from __future__ import annotations
 
@@ -365,3 +366,111 @@ def _umask() -> int:
 def gzip_bytes(data: bytes) -> bytes:
     """Gzip with a zero timestamp, so the same data always gives the same bytes."""
     return gzip.compress(data, compresslevel=9, mtime=0)
+
+
+# ----------------------------------------------------------------------------- outputs and inputs
+
+
+def _file_id(path: str | os.PathLike) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the regular file ``path`` names, links followed; None when it
+    names none (missing, a folder, a device)."""
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (info.st_dev, info.st_ino) if stat.S_ISREG(info.st_mode) else None
+
+
+def _real(path: str | os.PathLike) -> str:
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError):
+        return os.path.abspath(path)
+
+
+def same_file(output: str | os.PathLike, other: str | os.PathLike, other_exists: bool = True) -> str | None:
+    """How writing ``output`` would replace ``other``: ``"the same file"``, ``"the same
+    file, by a symbolic link"`` or ``"the same file, by a hard link"``; None when it
+    would not. With ``other_exists`` (an input), ``other`` must be an existing regular
+    file; otherwise (another output) two paths that resolve alike match even when
+    neither exists yet."""
+    other_id = _file_id(other)
+    if other_exists and other_id is None:
+        return None
+    out_id = _file_id(output)
+    real_same = _real(output) == _real(other)
+    if not real_same and (out_id is None or out_id != other_id):
+        return None
+    if real_same:
+        if os.path.normpath(os.path.abspath(output)) == os.path.normpath(os.path.abspath(other)):
+            return "the same file"
+        return "the same file, by a symbolic link"
+    return "the same file, by a hard link"
+
+
+def check_outputs(outputs, inputs=()) -> None:
+    """Check, before any work, that a command's outputs may be written and replace none
+    of its inputs.
+
+    ``outputs``: ``(option, path)`` pairs (``("-o", "p.json")``); ``inputs``: ``(what,
+    path)`` pairs (``("profile", "p.json")``); a None or empty path is skipped, and an
+    input that is not an existing file (a preset or shipped profile name) is no file
+    to protect. Raises InputError, one line naming both, when an output is the same
+    file as an input (the same path once resolved, a symbolic link to it either way,
+    or a hard link: the same device and inode) or as another output; then checks each
+    output with ``check_output``.
+    """
+    outputs = [(option, path) for option, path in outputs if path]
+    inputs = [(what, path) for what, path in inputs if path]
+    for k, (option, path) in enumerate(outputs):
+        for what, source in inputs:
+            how = same_file(path, source)
+            if how is not None:
+                raise InputError(str(path), "", f"{option} would overwrite the input {what} {source} ({how}); "
+                                                "write to another path")
+        for other_option, other in outputs[:k]:
+            how = same_file(path, other, other_exists=False)
+            if how is not None:
+                raise InputError(str(path), "", f"{other_option} and {option} name {how} ({other} and {path}); "
+                                                "give each output its own path")
+    for _, path in outputs:
+        check_output(path)
+
+
+def check_output_folder(folder: str | os.PathLike, option: str, writes, inputs=(), subfolders=()) -> None:
+    """``check_outputs`` for a command that writes files into ``folder`` (and its
+    ``subfolders``): InputError when an input is a file the command may write there.
+    ``writes(relative)`` says whether the command writes the file at the relative path
+    (a Path) inside ``folder``; an input is caught by its resolved path, or as the file
+    a hard or symbolic link there names."""
+    inputs = [(what, path) for what, path in inputs if path and _file_id(path) is not None]
+    if not inputs:
+        return
+    base = Path(_real(folder))
+    existing: dict[tuple[int, int], tuple[Path, str]] = {}   # a file there: its path there, how it is linked
+    for sub in ("", *subfolders):
+        try:
+            names = os.listdir(base / sub)
+        except OSError:
+            continue
+        for name in names:
+            relative = Path(sub) / name
+            file_id = _file_id(base / relative)
+            if file_id is not None and writes(relative):
+                link = "symbolic" if os.path.islink(base / relative) else "hard"
+                existing.setdefault(file_id, (relative, f"the same file, by a {link} link"))
+    for what, path in inputs:
+        real = Path(_real(path))
+        try:
+            relative = real.relative_to(base)
+        except ValueError:
+            relative = None
+        if relative is not None and writes(relative):
+            how = "the same file" if os.path.normpath(os.path.abspath(path)) == str(real) \
+                else "the same file, by a symbolic link"
+        elif _file_id(path) in existing:
+            relative, how = existing[_file_id(path)]
+        else:
+            continue
+        raise InputError(str(Path(folder) / relative), "", f"{option} {folder} would overwrite the input {what} "
+                                                          f"{path} ({how}); write to another folder")

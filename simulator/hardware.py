@@ -386,6 +386,56 @@ def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:
                                           f"1 byte/s), got {value} (R23)")
 
 
+MAX_UVM_BLOCKS = 1 << 24        # R30: blocks, and fault batches, of one UVM run's tensors
+
+
+def uvm_scale(uvm: Uvm, sizes) -> tuple[int, int]:
+    """(blocks, fault batches) of tensors of ``sizes`` bytes under ``uvm`` (R30, R31): the
+    blocks they are cut into, and the batches that bring each of them in once when every
+    page faults (at most ``fault_batch_faults`` faults a batch, each grown to its big page
+    while the prefetcher is on): what a UVM run's work and memory grow with, per pass."""
+    block, page, faults = uvm.block_bytes, uvm.page_bytes, max(1, uvm.fault_batch_faults)
+    grow = uvm.big_page_bytes // page if uvm.prefetch_threshold < 100 else 1
+
+    def batches_of(nbytes: int) -> int:          # one block's batches
+        return _ceil(_ceil(_ceil(nbytes, page), grow), faults)
+
+    whole = batches_of(block)
+    blocks = batches = 0
+    for nbytes in sizes:
+        if nbytes > 0:
+            n = _ceil(nbytes, block)
+            blocks += n
+            batches += (n - 1) * whole + batches_of(nbytes - (n - 1) * block)
+    return blocks, batches
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def check_uvm_scale(hardware: Hardware, sizes, profile_name: str = "the profile") -> None:
+    """R30: a UVM run's cost grows with its blocks and its fault batches, not with its
+    bytes: a block or page of a few bytes turns a training step into billions of them (a
+    1-byte block: 40 GB of tensors, 4*10^10 blocks, out of memory). At most 2^24 of each
+    for the profile's tensors; InputError naming the hardware file and field otherwise."""
+    uvm, sizes = hardware.uvm, [n for n in sizes if n > 0]
+    blocks, batches = uvm_scale(uvm, sizes)
+    file = hardware.source or hardware.name
+    if blocks > MAX_UVM_BLOCKS:
+        least = 1 << max(12, (_ceil(sum(sizes), MAX_UVM_BLOCKS) - 1).bit_length())
+        while sum(_ceil(n, least) for n in sizes) > MAX_UVM_BLOCKS:
+            least *= 2
+        raise InputError(file, "uvm.block", f"a block of {uvm.block_bytes} bytes cuts {profile_name}'s tensors "
+                                            f"into {blocks:,} blocks, more than a UVM run allows (2^24, R30); use "
+                                            f"a block of at least {least} bytes (the driver's is 2MiB)")
+    if batches > MAX_UVM_BLOCKS:
+        raise InputError(file, "uvm.page", f"{uvm.page_bytes}-byte pages, {uvm.fault_batch_faults} faults a batch: "
+                                           f"{batches:,} fault batches to bring {profile_name}'s tensors in once, "
+                                           "more than a UVM run allows (2^24, R30); use larger pages or big pages, "
+                                           "or more fault_batch_faults (the driver's: 4KiB, 64KiB, 256)")
+
+
 def preset_dir() -> Path:
     """The folder of shipped hardware presets."""
     return Path(str(importlib.resources.files("profiles") / "hardware"))

@@ -103,6 +103,20 @@ def parse_budget(text, peak_bytes: int, where: str = "budget", file: str = "<arg
     return parse_size(text, where, file)
 
 
+def planning_budget(text, peak_bytes: int, gpu_bytes: int, where: str = "budget",
+                    cap_sizes: bool = False) -> tuple[int, int | None]:
+    """The budget a planner plans for, and the bytes asked for when they were capped
+    (else None): ``parse_budget`` (an int is bytes already), with a percentage of the peak
+    that asks for more than the GPU's memory (``gpu_bytes``) capped at it. A size above it
+    is left as asked (R2 refuses it), unless ``cap_sizes`` (compare: one list of budgets
+    runs on several machines). The one place `plan`, `train` and `compare` read a budget."""
+    wanted = text if isinstance(text, int) else parse_budget(text, peak_bytes, where)
+    percentage = isinstance(text, str) and text.strip().endswith("%")
+    if wanted > gpu_bytes and (percentage or cap_sizes):
+        return gpu_bytes, wanted
+    return wanted, None
+
+
 def format_bytes(n: int | float) -> str:
     """A short binary-unit rendering: ``1.50 GiB``; exact bytes below 1 KiB."""
     n = float(n)

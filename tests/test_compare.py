@@ -18,6 +18,7 @@ from compare.cells import COLUMNS, run_cell
 from compare.report import grids
 from compare.sweep import expand_cells, run_sweep
 from planner.core.registry import REGISTRY, Draft, PlannerSpec
+from simulator.catalog import open_profile
 from simulator.errors import InputError
 
 PROFILE = "synth-transformer-l12-b16-s1024"
@@ -211,6 +212,8 @@ def test_run_cell_reports_link_bytes_and_the_bound():
 
 
 def test_budgets_that_come_to_the_same_bytes_are_planned_once(monkeypatch, tmp_path):
+    # two percentages a machine caps to its memory are one cell (reported once, under the
+    # first, with a note); the same bytes asked twice without a cap are planned once too
     calls = []
 
     def counted(profile, hardware, budget, *, options):
@@ -218,12 +221,17 @@ def test_budgets_that_come_to_the_same_bytes_are_planned_once(monkeypatch, tmp_p
         return Draft()
 
     _register(monkeypatch, "counted", counted)
-    cells = expand_cells([PROFILE], [HW], ["counted"], ["300%", "400%", "50%"])
+    notes = []
+    cells = expand_cells([PROFILE], [HW], ["counted"], ["300%", "400%", "50%"], notes=notes)
+    assert [c.budget for c in cells] == ["300%", "50%"] and len(notes) == 1 and "300%, 400%" in notes[0]
     outcome = run_sweep(cells, tmp_path)
-    assert len(calls) == 2 and len(outcome.rows) == 3 and outcome.ran == 3
-    capped = [r for r in outcome.rows if r["capped"]]
-    assert [r["budget"] for r in capped] == ["300%", "400%"]
-    assert capped[0]["plan_file"] != capped[1]["plan_file"]
-    assert (tmp_path / capped[0]["plan_file"]).read_bytes() == (tmp_path / capped[1]["plan_file"]).read_bytes()
-    assert {k: v for k, v in capped[0].items() if k not in ("budget", "plan_file", "key")} == \
-        {k: v for k, v in capped[1].items() if k not in ("budget", "plan_file", "key")}
+    assert len(calls) == 2 and len(outcome.rows) == 2 and outcome.ran == 2
+    assert [r["budget"] for r in outcome.rows if r["capped"]] == ["300%"]
+    half = str(int(open_profile(PROFILE).peak_bytes * 50 / 100.0))   # the bytes 50% comes to
+    twins = expand_cells([PROFILE], [HW], ["counted"], ["50%", half])
+    calls.clear()
+    outcome = run_sweep(twins, tmp_path / "twins")
+    assert len(calls) == 1 and len(outcome.rows) == 2
+    first, second = outcome.rows
+    assert {k: v for k, v in first.items() if k not in ("budget", "plan_file", "key")} == \
+        {k: v for k, v in second.items() if k not in ("budget", "plan_file", "key")}

@@ -186,3 +186,18 @@ def test_split_must_be_a_bool(compiled_path, bad):
         import_kineto(compiled_path, split=bad)
     assert info.value.file == "<argument>" and info.value.where == "split"
     assert "\n" not in str(info.value)
+
+
+def test_the_shipped_sample_trace_is_the_one_the_sample_writer_makes_and_imports(tmp_path):
+    # README's `swapplan import kineto tracer/samples/compiled-step.kineto.json` line: the file
+    # in the repo is exactly what tracer/kineto_sample.py writes, and it imports at its trace peak
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from cli import app
+    shipped = Path(__file__).resolve().parents[1] / "tracer" / "samples" / "compiled-step.kineto.json"
+    assert json.loads(shipped.read_text()) == json.loads(json.dumps(compiled_step_trace()))
+    result = CliRunner().invoke(app, ["import", "kineto", str(shipped), "-o", str(tmp_path / "m.json")])
+    assert result.exit_code == 0, result.output
+    assert "peak 390.00 MiB" in result.output

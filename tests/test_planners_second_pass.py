@@ -55,16 +55,17 @@ def test_lms_offloads_a_tensor_updated_in_place_after_its_last_update():
 def test_g10_link_time_shares_pcie_by_bandwidth():
     # An SSD offload at 0.5 B/us over PCIe at 1 B/us uses half of PCIe's time; the SSD
     # link whole. A host copy uses PCIe whole. Half duplex adds the copy engine, whole.
+    # The links and their order are the simulator's routes (transfer_links).
     hw = machine(ssd_write=0.0005)
     links = LinkTime(np.array([10.0, 10.0]), hw)
-    assert links.links("offload", "ssd") == (("pcie_up", 2.0), ("ssd_write", 1.0))
+    assert links.links("offload", "ssd") == (("pcie_up", 2.0), ("ssd_write_link", 1.0))
     assert links.links("offload", "host") == (("pcie_up", 1.0),)
     # a 10 us SSD copy in kernel 0 leaves PCIe 5 us of its 10 for a host copy
     done = links.forward(links.links("offload", "ssd"), 0, 2, 10.0)
     links.take(done[2])
-    assert links.left["pcie_up"][0] == pytest.approx(5.0) and links.left["ssd_write"][0] == pytest.approx(0.0)
+    assert links.left["pcie_up"][0] == pytest.approx(5.0) and links.left["ssd_write_link"][0] == pytest.approx(0.0)
     half = LinkTime(np.array([10.0]), machine(duplex="half"))
-    assert half.links("prefetch", "ssd") == (("pcie_down", 2.0), ("ssd_read", 1.0), ("engine", 1.0))
+    assert half.links("prefetch", "ssd") == (("ssd_read_link", 1.0), ("pcie_down", 2.0), ("engine", 1.0))
 
 
 @pytest.mark.parametrize("planner, param, value, words", [
@@ -114,12 +115,13 @@ def test_capuchin_replans_leaning_to_swaps_where_unsure_and_keeps_the_faster():
     # bert-base on an A100 at 40 GiB: the stall estimate prices swaps high enough that
     # phase 2 recomputes where swaps hide; the simulator prefers the swap-leaning replan
     from planner.swap.capuchin import _plan
+    from simulator.api import Simulator
     from simulator.catalog import open_profile, shipped_profile_paths
     from simulator.hardware import load_hardware
     path = next(p for p in shipped_profile_paths() if "bert-base" in p.name)
     profile, hw = open_profile(path), load_hardware("a100-40gb-pcie4")
     budget = 40 * 2**30
-    first, first_result, unsure = _plan(profile, hw, budget, True, True, 1.0, 10, 0.05)
+    first, first_result, unsure = _plan(Simulator(profile, hw), budget, True, True, 1.0, 10, 0.05)
     assert unsure > 0 and first_result.ok
     planned = make_plan(profile, hw, budget, "capuchin")
     notes = planned.plan.planner.notes

@@ -77,7 +77,8 @@ def test_reorder_overlaps_the_cpu_step_with_backward():
     out, plan = planned(profile, "zero-offload")
     assert plan["schedule"] == order and out.plan.planner.notes["variant"]["reorder"] is True
     from planner.offload.zero import Variant, _try
-    _, _, in_order = _try(profile, hw(), 10**6, False, Variant(reorder=False))
+    from simulator.api import Simulator
+    _, _, in_order = _try(Simulator(profile, hw()), 10**6, False, Variant(reorder=False))
     assert out.result.iteration_us < in_order.iteration_us
 
 
@@ -85,11 +86,12 @@ def test_new_weights_can_come_up_after_backward():
     """new_late: n2, made on the CPU while b1 runs, is copied up only after b1 (the last
     backward op), so that it takes no GPU memory during backward."""
     from planner.offload.zero import Variant, _try
-    _, (actions, _, _, _), result = _try(amp_step(), hw(), 10**6, False, Variant(new_late=True))
+    from simulator.api import Simulator
+    _, (actions, _, _, _), result = _try(Simulator(amp_step(), hw()), 10**6, False, Variant(new_late=True))
     assert result.ok, result.reason
     up = {a.tensor: (a.after, a.before) for a in actions if a.kind == "prefetch"}
     assert up == {"n2": ("b1", "copy2"), "n1": ("cast1", "copy1")}
-    _, (actions, _, _, _), _ = _try(amp_step(), hw(), 10**6, False, Variant(new_late=False))
+    _, (actions, _, _, _), _ = _try(Simulator(amp_step(), hw()), 10**6, False, Variant(new_late=False))
     assert {a.tensor: a.after for a in actions if a.kind == "prefetch"}["n2"] == "cast2"
 
 
@@ -115,8 +117,9 @@ def test_infinity_can_spill_gradients_to_the_ssd():
     """grads_to=ssd: each gradient goes to NVMe after backward makes it and is loaded into
     host memory for its step; the default (room in host memory) keeps them in host."""
     from planner.offload.zero import Variant, _try
+    from simulator.api import Simulator
     profile = amp_step()
-    _, (actions, _, _, _), result = _try(profile, hw(), 10**6, True, Variant(ahead=1, grads_to="ssd"))
+    _, (actions, _, _, _), result = _try(Simulator(profile, hw()), 10**6, True, Variant(ahead=1, grads_to="ssd"))
     assert result.ok, result.reason
     down = {a.tensor: a.to for a in actions if a.kind == "offload"}
     assert down == {"g1": "ssd", "g2": "ssd"}

@@ -5,11 +5,12 @@ Part of ``tracer.kineto`` (see its docstring for what is modelled); private.
 from __future__ import annotations
 
 import bisect
-import gzip
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from simulator.errors import InputError
+from simulator.files import read_bytes
 from simulator.profile import FORMAT
 
 from tracer._kineto_read import _Trace
@@ -257,12 +258,8 @@ def _origins(trace_path, et_path) -> list:
 def _text_sha256(path) -> str | None:
     """sha256 of a file's text (gunzipped if ``.gz``); None if it cannot be read."""
     try:
-        if str(path).lower().endswith(".gz"):
-            with gzip.open(path, "rb") as handle:
-                raw = handle.read()
-        else:
-            raw = Path(path).read_bytes()
-    except (OSError, EOFError):
+        raw = read_bytes(path)   # a regular file only, gunzipped if .gz, within the input size limit
+    except (InputError, ValueError):
         return None
     return hashlib.sha256(raw).hexdigest()
 

@@ -63,6 +63,7 @@ DIGITS = 4           # densities are rounded to this many decimal digits
 DEFAULT_BATCH = 4    # the default density batch: min(the profile's batch, this) ...
 LM_BATCH = 2         # ... of a language model: min(batch, this) sequences (at batch 1 GPT-2's graph differs)
 LM_SEQ = 128         # ... of min(seq, this) tokens (then the traced seq, if the graph differs at this one)
+SEED_RANGE = (0, 2**64 - 1)   # the seeds torch.manual_seed takes (a negative one is an alias of one of these)
 DEFAULT_THREADS = 2  # intra-op threads of the step: a fixed count, so the same counts on every machine
                      # with the same kernels (a conv's reduction is split by thread count)
 LANGUAGE_MODELS = ("causal-lm", "masked-lm")
@@ -405,6 +406,17 @@ def _reads_states(placeholders: list, capture, needed: set[str]) -> bool:
     return any(node.name in needed for node in placeholders[first:first + count])
 
 
+def check_seed(seed) -> int:
+    """``seed`` when torch takes it as a seed (a whole number in :data:`SEED_RANGE`);
+    InputError naming ``density-seed`` and the range otherwise."""
+    low, high = SEED_RANGE
+    if isinstance(seed, bool) or not isinstance(seed, int) or not low <= seed <= high:
+        shown = repr(seed) if not isinstance(seed, int) or abs(seed) < 10**30 else f"{seed:.3e}"
+        raise InputError("<argument>", "density-seed", f"must be a whole number from {low} to {high} (2^64 - 1, "
+                                                       f"the seeds torch takes), got {shown}")
+    return seed
+
+
 def check_memory(tensors: list, ops: list, batch: int, seq: int | None) -> None:
     """InputError when the real step cannot fit this machine's memory: its no-swap peak
     (the lowered profile's) plus the model's own copy of its weights, against the memory
@@ -422,14 +434,8 @@ def check_memory(tensors: list, ops: list, batch: int, seq: int | None) -> None:
 
 
 def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    from tracer.hf_config import available_memory
+    return available_memory()
 
 
 class _Counted(Exception):
@@ -462,7 +468,7 @@ def _density(storage, dtype_name: str | None) -> float | None:
     return round(int(torch.count_nonzero(flat)) / flat.numel(), DIGITS)
 
 
-__all__ = ["DIGITS", "DEFAULT_BATCH", "LM_BATCH", "LM_SEQ", "DEFAULT_THREADS", "step_sizes", "measure",
+__all__ = ["DIGITS", "DEFAULT_BATCH", "LM_BATCH", "LM_SEQ", "DEFAULT_THREADS", "SEED_RANGE", "check_seed", "step_sizes", "measure",
            "needed_nodes", "check_memory", "structure_problem",
            "read_density_file", "load_density_file", "resolve_densities", "with_densities", "density_map",
            "write_density_file", "summary"]

@@ -99,6 +99,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from simulator.errors import InputError
+from tracer import hf_config
 
 CLASSES = 1000
 
@@ -547,72 +548,15 @@ def _default_loss(out):
 
 # ----------------------------------------------------------------------------- HF configs
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+CONFIG_DIR = hf_config.CONFIG_DIR
 HF_BATCH = 1
 HF_SEQ = 1024
-
-
-def config_path(path) -> Path:
-    """``path``, or the shipped config of that name (``llama2-13b`` is
-    ``tracer/configs/llama2-13b.json``) when no such file exists."""
-    given = Path(path)
-    if not given.exists() and given.name == str(path):
-        shipped = CONFIG_DIR / (given.name if given.suffix == ".json" else f"{given.name}.json")
-        if shipped.is_file():
-            return shipped
-    return given
-
-
-def _read_config(path) -> dict:
-    """The JSON object of a config file; InputError naming the file for anything else."""
-    file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        shipped = ", ".join(p.stem for p in shipped_configs())
-        raise InputError(file, "hf-config", f"no such file (shipped configs: {shipped})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(file, "hf-config", f"cannot read it: {_one_line(exc)}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(file, f"line {exc.lineno}", f"not valid JSON: {exc.msg}") from None
-    if not isinstance(data, dict):
-        raise InputError(file, "", f"expected a JSON object (a transformers config), "
-                                   f"got {type(data).__name__}")
-    model_type = data.get("model_type")
-    if not isinstance(model_type, str) or not model_type:
-        raise InputError(file, "model_type", "missing: a transformers config names its "
-                                             "model_type (llama, mistral, gpt2, ...)")
-    return data
-
-
-# Size fields of transformers configs (each family names some of them): when present and
-# not null, each must be a whole number >= 1 (checked before transformers sees them, so
-# that the error names the field).
-HF_SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                  "intermediate_size", "vocab_size", "max_position_embeddings", "head_dim",
-                  "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "ffn_dim", "d_model",
-                  "num_layers", "num_heads", "sliding_window")
-
-
-def _check_fields(file: str, data: dict) -> None:
-    """InputError naming the field for a size that is not a whole number >= 1, a hidden
-    size that the heads do not divide, or query heads that the KV heads do not divide."""
-    for key in HF_SIZE_FIELDS:
-        value = data.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InputError(file, key, f"expected a whole number >= 1, got {value!r}")
-    hidden, heads = data.get("hidden_size"), data.get("num_attention_heads")
-    if hidden and heads and data.get("head_dim") is None and hidden % heads:
-        raise InputError(file, "hidden_size", f"{hidden} is not a multiple of num_attention_heads "
-                                              f"({heads}) and no head_dim is given")
-    kv = data.get("num_key_value_heads")
-    if heads and kv and heads % kv:
-        raise InputError(file, "num_key_value_heads", f"{kv} does not divide num_attention_heads "
-                                                      f"({heads})")
+# Reading and bounding a config needs no torch: tracer.hf_config (these names stay here too).
+config_path = hf_config.config_path
+shipped_configs = hf_config.shipped_configs
+HF_SIZE_FIELDS = hf_config.HF_SIZE_FIELDS
+_read_config = hf_config.read_config
+_check_fields = hf_config.check_fields
 
 
 def _hf_problem(exc: BaseException) -> tuple[str, str]:
@@ -714,8 +658,8 @@ def from_hf_config(path, *, batch: int | None = None, seq: int | None = None) ->
     path = config_path(path)
     file = str(path)
     data = _read_config(path)
-    _check_fields(file, data)
     batch = _size(batch, "batch", HF_BATCH)
+    hf_config.check_bounds(file, data, batch=batch, seq=seq)   # before transformers builds anything
     config = _hf_config(file, data)
     vocab = _config_int(file, config, "vocab_size")
     limit = None
@@ -726,7 +670,9 @@ def from_hf_config(path, *, batch: int | None = None, seq: int | None = None) ->
     if limit is not None and seq > limit:
         raise InputError("<argument>", "seq", f"{name} takes a sequence length of at most {limit} "
                                               f"({file}), got {seq}")
+    hf_config.check_bounds(file, config, batch=batch, seq=seq)   # with the defaults transformers filled in
     module = _hf_module(file, config)
+    hf_config.check_parameters(file, parameter_count(module))
     module.train()
     inputs = {"input_ids": BatchTensor((batch, seq), torch.int64, vocab),
               "labels": BatchTensor((batch, seq), torch.int64, vocab)}
@@ -734,11 +680,6 @@ def from_hf_config(path, *, batch: int | None = None, seq: int | None = None) ->
                    f"({parameter_count(module) / 1e9:.2f}B parameters), HF {type(module).__name__}")
     return Workload(name, module, inputs, _lm_forward, batch, seq, description, registered=False,
                     extra={"hf_config": file, "model_type": data["model_type"]})
-
-
-def shipped_configs() -> list[Path]:
-    """The config.json files shipped in ``tracer/configs``."""
-    return sorted(CONFIG_DIR.glob("*.json"))
 
 
 # ----------------------------------------------------------------------------- entry point

@@ -103,11 +103,17 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
     InputError("<argument>", field, problem) with a one-line problem for an unknown
     model, a bad ``module:callable``, bad sizes, a dtype the hardware lacks, both or
     neither of ``model`` and ``hf_config``, ``amp`` with a low-precision ``dtype``, or
-    a model that fails to trace; InputError naming the config file for a bad one;
-    with ``density``: a bad ``density_batch`` or ``density_seq``, a graph that differs
-    at those sizes, or an op with no CPU kernel.
+    a model that fails to trace, or a traced step past the profile format's limits;
+    InputError naming the config file for a bad one or one asking for more than a trace
+    can build (:mod:`tracer.hf_config`); with ``density``: a ``density_seed`` torch does
+    not take, a bad ``density_batch`` or ``density_seq``, fp32 weights larger than the
+    memory available (checked before the trace), a graph that differs at those sizes, or
+    an op with no CPU kernel. ModuleNotFoundError when torch or transformers is missing.
     """
     _check_options(model, dtype, optimizer, name, amp, hf_config)
+    if density:
+        from tracer.density import check_seed
+        check_seed(density_seed)
     hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     peak_tflops(hw, dtype)  # raises InputError when the GPU lacks the dtype
     if amp:
@@ -123,6 +129,8 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
             workload = models.build(model, batch=batch, seq=seq)
         else:
             workload = models.from_hf_config(hf_config, batch=batch, seq=seq)
+        if density:   # before the trace: the real step holds at least the model's fp32 weights
+            _check_density_weights(workload, label)
         cap = capture(workload, dtype=dtype, optimizer=optimizer, gpu_kernels=gpu_kernels,
                       amp=amp)
         tensors, ops = lower(cap, hw, dtype, optimizer, runtime=runtime)
@@ -135,11 +143,23 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
                                              dtype, optimizer, gpu_kernels, amp, density_batch, density_seq,
                                              density_seed, density_threads, say)
             source["density"] = note
-        return Profile(name=name or _default_name(workload, dtype, optimizer, hw, gpu_kernels, amp),
-                       tensors=tuple(tensors), ops=tuple(ops), source=source,
-                       origin=f"<trace {label}>")
+        origin = f"<trace {label}>"
+        try:
+            return Profile(name=name or _default_name(workload, dtype, optimizer, hw, gpu_kernels, amp),
+                           tensors=tuple(tensors), ops=tuple(ops), source=source, origin=origin)
+        except InputError as exc:   # a size or time past the format's limits (R23)
+            if exc.file != origin:
+                raise
+            raise InputError("<argument>", "model" if hf_config is None else "hf-config",
+                             f"the traced step of {label} does not fit a profile: {exc.where}: {exc.problem} "
+                             f"(trace a smaller batch, seq or model)") from None
     except InputError:
         raise
+    except ModuleNotFoundError as exc:   # transformers (or a part of torch) missing: the caller names the extra
+        if (exc.name or "").split(".")[0] in ("torch", "transformers"):
+            raise
+        raise InputError("<argument>", "model" if hf_config is None else "hf-config",
+                         f"{label} failed to trace: {models._one_line(exc)}") from None
     except Exception as exc:
         raise InputError("<argument>", "model" if hf_config is None else "hf-config",
                          f"{label} failed to trace: {models._one_line(exc)}") from None
@@ -159,8 +179,7 @@ def _measure_density(model, hf_config, batch, seq, workload, cap, tensors, ops, 
     for value, key in ((density_batch, "density-batch"), (density_seq, "density-seq"), (threads, "density-threads")):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise InputError("<argument>", key, f"must be a whole number >= 1, got {value!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise InputError("<argument>", "density-seed", f"must be a whole number, got {seed!r}")
+    density.check_seed(seed)
     full_b, full_s = workload.batch, workload.seq
     if density_batch is not None and density_batch > full_b:
         raise InputError("<argument>", "density-batch",
@@ -230,6 +249,18 @@ def _measure_density(model, hf_config, batch, seq, workload, cap, tensors, ops, 
                                 dtype=dtype, seed=seed, threads=threads, wanted=wanted)
     tensors = [dataclasses.replace(t, density=densities.get(t.id)) for t in tensors]
     return tensors, note
+
+
+def _check_density_weights(workload, label) -> None:
+    """InputError when this machine cannot hold the model's fp32 weights (the least the
+    real step of ``--density`` needs), before anything is traced."""
+    from tracer import density, models
+    available = density._available_memory()
+    need = 4 * models.parameter_count(workload.module)
+    if available is not None and need > available:
+        raise InputError("<argument>", "density", f"the real step of {label} holds at least its fp32 weights, "
+                                                  f"{need / 2**30:.1f} GiB, and {available / 2**30:.1f} GiB are "
+                                                  "available here: give --density-file instead")
 
 
 def _check_options(model, dtype, optimizer, name, amp, hf_config) -> None:

@@ -74,7 +74,7 @@ def seeded_values(capture, workload, *, optimizer: str = "adamw", amp: str | Non
             states.append([p.detach().to(torch.float32).clone() for p in params])
         else:
             states.append([torch.zeros(p.shape, dtype=state_dtype) for p in params])
-    gen = torch.Generator().manual_seed(seed + 1)
+    gen = torch.Generator().manual_seed((seed + 1) % 2**64)   # seed 2^64 - 1 too (torch's largest)
     batch = []
     for (name, spec), fake in zip(workload.inputs.items(), fakes.batch):
         if fake.dtype == torch.bool:

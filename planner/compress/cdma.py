@@ -11,7 +11,7 @@ output crosses PCIe, and sits in host memory, at a fraction of its size; the GPU
 spends a cycle on it. Here every offload and prefetch of vDNN's plan carries the
 machine's ``dma`` codec of format ``zvc`` (R41: the transfer moves, and the host holds,
 the compressed size; GPU memory is unchanged). It is the one import of another planner
-here: vDNN's plan is reused as it is (``vdnn_actions`` of planner/swap/vdnn.py per mode,
+here: vDNN's plan is reused as it is (``vdnn_actions`` of planner/core/layers.py per mode,
 ``EVERY`` for vDNN's own fallback, ``MODES`` for the parameter).
 
 Departures from the paper, and why
@@ -35,10 +35,10 @@ from __future__ import annotations
 from simulator.compile.codecs import compressed_bytes
 from simulator.errors import InputError
 
-from ..core.api import fits
+from ..core.api import fits, simulator_for
 from ..core.compression import compress_where, pick_codec, with_codecs
+from ..core.layers import EVERY, MODES, vdnn_actions
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
-from ..swap.vdnn import EVERY, MODES, vdnn_actions
 
 
 @register("cdma", "cDMA: vDNN's offloads compressed in the copy engine (zero-value compression of sparse "
@@ -65,19 +65,20 @@ def plan_cdma(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, mode=
         return with_codecs(actions, chosen), notes, chosen
 
     status = "heuristic"
+    sim = simulator_for(profile, hardware, options)
     if mode == "dyn":
         for choice in ("none", "conv", "all"):
             actions, notes, chosen = compressed(choice)
-            if fits(profile, hardware, budget_bytes, actions):
+            if fits(sim, budget_bytes, actions):
                 notes = {**notes, "dyn_choice": choice}
                 break
         else:
             notes = {**notes, "dyn_choice": "all (none fits)"}
     else:
         actions, notes, chosen = compressed(mode)
-    if fallback and mode != "conv" and not fits(profile, hardware, budget_bytes, actions):
+    if fallback and mode != "conv" and not fits(sim, budget_bytes, actions):
         wider, wider_notes, wider_chosen = compressed(EVERY)
-        if fits(profile, hardware, budget_bytes, wider):
+        if fits(sim, budget_bytes, wider):
             actions, notes, chosen, status = wider, {**wider_notes, "fallback": "vDNN's rules do not fit the "
                                                      "budget: every layer's inputs and saved tensors"}, \
                 wider_chosen, "fallback"

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from simulator.errors import InputError
 
-from ..core.api import score
+from ..core.api import score, simulator_for
 from ..core.compression import pick_codec, swap_codecs, where_it_pays, with_codecs
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, get_planner, register
 
@@ -70,6 +70,7 @@ def plan_cswap(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, base
     else:
         candidates = [pick_codec(hardware, codec, "cswap")]
     draft = spec.func(profile, hardware, budget_bytes, options=options, **spec.resolve({}))
+    sim = simulator_for(profile, hardware, options)
     actions = list(draft.actions)
     chosen = where_it_pays(profile, hardware, actions, candidates, allow_lossy)
     notes = {"base": base, "base_status": draft.status, "compressed_tensors": len(chosen),
@@ -82,8 +83,8 @@ def plan_cswap(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, base
     kept = compressed
     if chosen:
         extra = dict(initial=draft.initial, schedule=draft.schedule, cpu_ops=draft.cpu_ops)
-        before = score(profile, hardware, budget_bytes, actions, **extra)
-        after = score(profile, hardware, budget_bytes, compressed, allow_lossy=allow_lossy, **extra)
+        before = score(sim, budget_bytes, actions, **extra)
+        after = score(sim, budget_bytes, compressed, allow_lossy=allow_lossy, **extra)
         if before.ok and (not after.ok or after.iteration_us > before.iteration_us):
             kept, chosen = actions, {}
             notes["kept_base"] = (f"compressed plan {'does not run' if not after.ok else 'is slower'} "

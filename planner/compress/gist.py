@@ -53,7 +53,7 @@ from simulator.compile.codecs import compressed_bytes
 from simulator.plan import Plan, decode, encode
 from simulator.profile import profile_sha256
 
-from ..core.api import score
+from ..core.api import score, simulator_for
 from ..core.compression import may_encode, pick_codec
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, get_planner, register
 from ..core.facts import forward_backward_split
@@ -141,14 +141,15 @@ def plan_gist(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, binar
     actions = encoding_actions(profile, chosen)
     status, base = "heuristic", None
     lossy_of = lambda items: allow_lossy and any(item[4] == "precision" for item in items)  # noqa: E731
-    if fallback != "off" and not score(profile, hardware, budget_bytes, actions, allow_lossy=lossy_of(chosen)).ok:
+    sim = simulator_for(profile, hardware, options)
+    if fallback != "off" and not score(sim, budget_bytes, actions, allow_lossy=lossy_of(chosen)).ok:
         spec = get_planner(fallback)
         base = spec.func(profile, hardware, budget_bytes, options=options, **spec.resolve({}))
         kept = untouched(profile, chosen, base.actions)
         combined = list(base.actions) + encoding_actions(profile, kept)
-        if score(profile, hardware, budget_bytes, combined, allow_lossy=lossy_of(kept)).ok:
+        if score(sim, budget_bytes, combined, allow_lossy=lossy_of(kept)).ok:
             chosen, actions, status = kept, combined, "fallback"
-        elif score(profile, hardware, budget_bytes, list(base.actions)).ok:
+        elif score(sim, budget_bytes, list(base.actions)).ok:
             chosen, actions, status = [], list(base.actions), "fallback"
     counts = {which: sum(1 for item in chosen if item[4] == which) for which in codecs}
     saved = sum(profile.tensor_by_id[tid].bytes - compressed_bytes(profile.tensor_by_id[tid], codec)

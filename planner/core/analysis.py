@@ -6,15 +6,15 @@ Plain functions over a Profile (NetworkX style); nothing here knows a planner.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
-from simulator.compile.compiled import compile_profile
 from simulator.profile import Profile
 
 
 def op_start_us(profile: Profile) -> tuple[float, ...]:
     """Start time of each op when nothing stalls (the ideal timeline); one extra entry
-    at the end holds the ideal iteration time. Built once per profile."""
-    return compile_profile(profile).op_starts_us
+    at the end holds the ideal iteration time (as the compiled profile's ``op_starts_us``)."""
+    return (0.0, *accumulate(op.time_us for op in profile.ops))
 
 
 def touches(profile: Profile, tid: str) -> list[int]:

@@ -6,11 +6,11 @@ import json
 import time
 from dataclasses import dataclass, replace
 
-from simulator.api import simulate
+from simulator.api import Simulator
 from simulator.errors import InfeasibleError
 from simulator.hardware import Hardware
 from simulator.plan import Plan, PlannerInfo
-from simulator.profile import Profile, profile_sha256
+from simulator.profile import Profile
 from simulator.result import Result
 from simulator.run.engine import check_budget
 
@@ -48,7 +48,8 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     """
     spec = get_planner(planner)
     resolved = spec.resolve(params or {})
-    options = options or RunOptions(seed=seed)
+    sim = simulator_for(profile, hardware, options)
+    options = replace(options or RunOptions(seed=seed), simulator=sim)
     check_budget(budget_bytes, hardware)
     if spec.memory == "uvm":
         floor, floor_op = uvm_floor(profile, hardware.uvm.block_bytes, hardware.uvm.fault_batch_blocks)
@@ -65,15 +66,15 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     started = time.perf_counter()
     draft = spec.func(profile, hardware, budget_bytes, options=options, **resolved)
     seconds = time.perf_counter() - started
-    plan = Plan(profile_name=profile.name, profile_sha256=profile_sha256(profile),
+    plan = Plan(profile_name=profile.name, profile_sha256=sim.compiled.sha256,
                 actions=tuple(draft.actions), hardware=hardware.name, budget_bytes=budget_bytes,
                 schedule=None if draft.schedule is None else tuple(draft.schedule),
                 initial=dict(draft.initial), cpu_ops=tuple(draft.cpu_ops), memory=draft.memory,
                 read_mostly=tuple(draft.read_mostly), uvm_backing=draft.uvm_backing, allow_lossy=draft.allow_lossy,
                 variants=dict(draft.variants), placement=draft.placement)
-    result = simulate(profile, plan, hardware, budget_bytes)  # the plan as exported
+    result = sim.simulate(plan, budget_bytes)  # the plan as exported
     if group and plan.memory == "explicit":
-        plan, result = _grouped(profile, hardware, budget_bytes, plan, result, draft.notes)
+        plan, result = _grouped(sim, budget_bytes, plan, result, draft.notes)
     bound = lower_bound(profile, hardware, budget_bytes, recompute=spec.recomputes,
                         moves_persistent=spec.moves_persistent, cpu_ops=plan.uses_cpu, uvm=plan.uvm,
                         codecs=plan.uses_codecs, variants=spec.chooses_variants(resolved) or bool(plan.variants))
@@ -86,14 +87,14 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     return Planned(plan, result, seconds)
 
 
-def _grouped(profile, hardware, budget_bytes, plan, result, notes: dict):
+def _grouped(sim: Simulator, budget_bytes, plan, result, notes: dict):
     """R53 for any planner: the plan with its transfers grouped, if that is no slower."""
-    actions, groups, members = group_actions(list(plan.actions), hardware)
+    actions, groups, members = group_actions(list(plan.actions), sim.hardware)
     if not groups:
         notes["group"] = "nothing to group (no transfers issued together, or no latency to save)"
         return plan, result
     grouped = replace(plan, actions=tuple(actions))
-    tried = simulate(profile, grouped, hardware, budget_bytes)
+    tried = sim.simulate(grouped, budget_bytes)
     if tried.ok and (not result.ok or tried.iteration_us <= result.iteration_us):
         notes["group"] = {"groups": groups, "members": members, "ungrouped_us": result.iteration_us if result.ok
                           else None}
@@ -103,21 +104,31 @@ def _grouped(profile, hardware, budget_bytes, plan, result, notes: dict):
     return plan, result
 
 
-def score(profile: Profile, hardware: Hardware, budget_bytes: int, actions, initial: dict | None = None,
+def simulator_for(profile: Profile, hardware: Hardware, options: RunOptions | None = None) -> Simulator:
+    """The run's Simulator (``make_plan`` builds one per plan and hands it on in
+    ``options``) when it is for this profile and machine, else a new one: compile once,
+    score every candidate on it."""
+    sim = options.simulator if options is not None else None
+    if sim is not None and sim.profile is profile and sim.hardware == hardware:
+        return sim
+    return Simulator(profile, hardware)
+
+
+def score(sim: Simulator, budget_bytes: int, actions, initial: dict | None = None,
           schedule=None, cpu_ops=(), memory: str = "explicit", read_mostly=(), allow_lossy: bool = False,
           variants: dict | None = None, placement=None) -> Result:
-    """Simulate a candidate set of actions: how planners with a feedback loop or a tuner
-    judge their own candidates."""
-    plan = Plan(profile_name=profile.name, profile_sha256=profile_sha256(profile), actions=tuple(actions),
+    """Simulate a candidate set of actions on ``sim`` (``simulator_for``): how planners
+    with a feedback loop or a tuner judge their own candidates."""
+    plan = Plan(profile_name=sim.profile.name, profile_sha256=sim.compiled.sha256, actions=tuple(actions),
                 initial=dict(initial or {}), schedule=None if schedule is None else tuple(schedule),
                 cpu_ops=tuple(cpu_ops), memory=memory, read_mostly=tuple(read_mostly), allow_lossy=allow_lossy,
                 variants=dict(variants or {}), placement=placement)
-    return simulate(profile, plan, hardware, budget_bytes)
+    return sim.simulate(plan, budget_bytes)
 
 
-def fits(profile: Profile, hardware: Hardware, budget_bytes: int, actions) -> bool:
+def fits(sim: Simulator, budget_bytes: int, actions) -> bool:
     """Does the simulator run these actions valid and within the budget?"""
-    return score(profile, hardware, budget_bytes, actions).ok
+    return score(sim, budget_bytes, actions).ok
 
 
 def prediction(result: Result, bound: Bound | None = None) -> dict:

@@ -64,6 +64,11 @@ class Bound:
         return ("swap+recompute" if self.recompute else "swap") + ("+persistent" if self.moves_persistent else "")
 
     @property
+    def words(self) -> str:
+        """The kind as users read it, the one wording `plan`, `simulate` and `compare` print."""
+        return bound_words(self.kind)
+
+    @property
     def value_us(self) -> float | None:
         """The bound in us; None when no plan of its kind fits or it does not apply."""
         return self.iteration_us if self.feasible and self.applies else None
@@ -200,3 +205,15 @@ def bound_fields(bound: Bound, result) -> dict:
     return {"lower_bound_us": bound.value_us,
             "gap_to_bound": bound.gap(result.iteration_us) if result.ok else None,
             "bound": bound.kind}
+
+
+def bound_words(kind: str) -> str:
+    """A bound's kind (``Bound.kind``, as plans store it) in words: which plans it is a
+    bound for (``swap+recompute`` -> "plans that swap or recompute")."""
+    if kind.startswith("uvm"):
+        return "plans in managed memory (the bound is the ideal)"
+    if kind.startswith("none"):
+        return f"no bound: {kind[len('none'):].strip(' ()')} are outside the argument"
+    verbs = {"swap": "swap", "recompute": "recompute", "persistent": "move weights and optimizer state"}
+    parts = [verbs.get(part, part) for part in kind.split("+")]
+    return "plans that " + (parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1])

@@ -144,12 +144,12 @@ def tied_keys(keys) -> dict[str, str]:
     return {key: owner for owner, first in starts.items() for key in {first, last[owner]}}
 
 
-def lifetimes(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None):
-    """(Result, blocks, zero-byte keys, tied keys) of the plan's iteration: each GPU
-    allocation as (key, bytes, start ps, end ps, still held at the end); a zero-length
-    one holds one ps. Zero-byte allocations take no room but need a key too; tied keys
-    (:func:`tied_keys`) must share an offset."""
-    sim = Simulator(profile, hardware)
+def lifetimes(sim: Simulator, plan: Plan, budget_bytes: int | None):
+    """(Result, blocks, zero-byte keys, tied keys) of the plan's iteration on ``sim``'s
+    profile and machine: each GPU allocation as (key, bytes, start ps, end ps, still held
+    at the end); a zero-length one holds one ps. Zero-byte allocations take no room but
+    need a key too; tied keys (:func:`tied_keys`) must share an offset."""
+    profile = sim.profile
     bare = replace(plan, placement=None)
     check_plan(bare, profile, sim.machine.has_ssd, sim.machine.cpu is not None)
     budget = sim.budget(bare, budget_bytes)
@@ -179,7 +179,7 @@ def place(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | 
     infeasible: there are no lifetimes to place)."""
     if method not in METHODS:
         raise InputError("<argument>", "--method", f"{method!r} is not one of {', '.join(METHODS)}")
-    result, blocks, zero, tied = lifetimes(profile, plan, hardware, budget_bytes)
+    result, blocks, zero, tied = lifetimes(Simulator(profile, hardware), plan, budget_bytes)
     if not result.ok:
         raise InputError(plan.origin, "plan", f"the plan does not run ({result.reason}); only a plan that runs "
                                               "has lifetimes to place")

@@ -100,11 +100,14 @@ STATUSES = ("optimal", "feasible", "heuristic", "fallback", "infeasible", "inval
 class RunOptions:
     """How any planner runs: its seed, a time limit (seconds; planners that search stop
     by then and return their best), threads for solvers, and a progress callback that
-    receives short lines (the CLI prints them on stderr)."""
+    receives short lines (the CLI prints them on stderr). ``simulator``: the run's
+    compiled profile and machine (simulator.api.Simulator), which ``make_plan`` builds
+    once and planners score their candidates on (``planner.core.api.simulator_for``)."""
     seed: int = 0
     time_limit: float | None = None
     threads: int = 1
     progress: Callable[[str], None] | None = None
+    simulator: Any = field(default=None, compare=False, repr=False)
 
     def say(self, text: str) -> None:
         if self.progress is not None:
@@ -154,6 +157,14 @@ class PlannerSpec:
     cpu_phases: tuple[str, ...] = ()  # phases whose ops it may run on the host CPU (R24)
     memory: str = "explicit"        # "uvm": its plans run in managed memory (R30-R37)
     variants: str | None = None     # the parameter that lets it choose op variants (R52), if it may
+    searches: bool = False          # it searches until the run's time limit (a solver, a genetic search)
+
+    @property
+    def family(self) -> str:
+        """Its family: the ``planner`` sub-package it lives in (``swap``, ``recompute``,
+        ``uvm``, ``offload``, ``compress``, ``search``; the ``none`` baseline is ``core``)."""
+        parts = self.func.__module__.split(".")
+        return parts[1] if len(parts) > 2 and parts[0] == "planner" else "core"
 
     def chooses_variants(self, resolved: dict[str, Any]) -> bool:
         """Whether a run with these (resolved) parameters may choose op variants."""
@@ -173,17 +184,31 @@ class PlannerSpec:
 
 REGISTRY: dict[str, PlannerSpec] = {}
 
+FAMILIES = {     # family -> how `swapplan planners` titles it, in the order it lists them
+    "core": "baseline", "swap": "swap to host memory or SSD (greedy, seconds)",
+    "recompute": "recompute (activation checkpointing)", "offload": "CPU offload (ZeRO: the optimizer on the host)",
+    "compress": "compression (codecs on the GPU or in the copy engine)",
+    "uvm": "unified memory (the driver pages on demand)",
+    "search": "search: MILP and genetic planners (time-limited, up to --time-limit a plan)",
+}
+QUICK = ("none", "vdnn", "lms", "capuchin", "g10", "chen", "uvm")   # compare's default: one or two per
+                                                                     # family, each seconds on 11k ops
+START_HERE = ("start here: capuchin (swaps and recomputes, seconds); g10 where the machine has an SSD; uvm when "
+              "one op alone is bigger than the budget; `swapplan compare PROFILE` ranks the quick set "
+              f"({', '.join(QUICK)}); swapadvisor and the MILPs (autotm, joint) search for better plans in minutes")
+
 
 def register(name: str, summary: str, params: tuple[Param, ...] = (), moves_persistent: bool = False,
              paper: str = "", recomputes: bool = False, cpu_phases: tuple[str, ...] = (), memory: str = "explicit",
-             variants: str | None = None):
+             variants: str | None = None, searches: bool = False):
     """Decorator: register a planner function under ``name`` (``variants``: the name of
-    its boolean parameter that lets it choose op variants, for a planner that may)."""
+    its boolean parameter that lets it choose op variants, for a planner that may;
+    ``searches``: it runs until the time limit, as solvers and genetic searches do)."""
     def wrap(func: Callable[..., Draft]) -> Callable[..., Draft]:
         if name in REGISTRY:
             raise ValueError(f"planner {name!r} registered twice")
         REGISTRY[name] = PlannerSpec(name, func, summary, tuple(params), moves_persistent, paper, recomputes,
-                                     tuple(cpu_phases), memory, variants)
+                                     tuple(cpu_phases), memory, variants, searches)
         return func
     return wrap
 

@@ -62,7 +62,7 @@ from simulator.errors import InputError
 from simulator.plan import drop, load, offload, prefetch, store
 from simulator.profile import Profile
 
-from ..core.api import score
+from ..core.api import score, simulator_for
 from ..core.checkpoint import chen_actions, forward_ops
 from ..core.lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
@@ -313,15 +313,16 @@ def _recompute_readers(profile: Profile, actions) -> dict[str, list[int]]:
     return uses
 
 
-def _try(profile, hardware, budget_bytes, infinity, variant, chen=None):
+def _try(sim, budget_bytes, infinity, variant, chen=None):
     """Build, score and return (key, draft parts, result) for one variant."""
+    profile = sim.profile
     recompute_actions = chen or []
     builder = _Builder(profile, infinity, variant, _recompute_readers(profile, recompute_actions))
     actions, initial = builder.build()
     actions = _merge(profile, builder.layout, actions, recompute_actions)
     schedule = None if not variant.reorder else [profile.ops[i].id for i in builder.layout.order]
     cpu_ops = tuple(profile.ops[i].id for i in builder.cpu_order)
-    result = score(profile, hardware, budget_bytes, actions, initial, schedule, cpu_ops)
+    result = score(sim, budget_bytes, actions, initial, schedule, cpu_ops)
     key = (not result.ok, result.iteration_us if result.ok else -result.progress)
     return key, (actions, initial, schedule, cpu_ops), result
 
@@ -362,12 +363,13 @@ def _plan(profile, hardware, budget_bytes, options, infinity: bool, ahead: int, 
     if not any(op.phase == "optimizer" for op in profile.ops):
         raise InputError("<profile>", "ops", f"{name}: profile {profile.name!r} has no optimizer ops to run on the CPU")
     tried = []
+    sim = simulator_for(profile, hardware, options)
 
     def run(variants, chen_for=None):
         for variant in variants:
             for count, lazy in ([(None, None)] if chen_for is None else chen_for):
                 chen = None if count is None else chen_actions(profile, count, lazy)[0]
-                tried.append((*_try(profile, hardware, budget_bytes, infinity, variant, chen), variant,
+                tried.append((*_try(sim, budget_bytes, infinity, variant, chen), variant,
                               None if count is None else (count, lazy)))
 
     def fits() -> bool:

@@ -108,13 +108,14 @@ Departures from the paper (and why):
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from simulator.plan import drop, recompute
 
 from ._checkmate_model import MS, Formulation, Graph, build_graph, group, recomputable  # noqa: F401
-from ..core.api import score
+from ..core.api import score, simulator_for
 from ..core.lowering import DROP, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
 
@@ -226,9 +227,9 @@ def _start(form: Formulation, hint: set[str], seconds: float) -> np.ndarray | No
     return best
 
 
-def _chen(profile, hardware, budget):
+def _chen(profile, hardware, budget, sim):
     from .chen import plan_chen
-    return plan_chen(profile, hardware, budget)
+    return plan_chen(profile, hardware, budget, options=replace(DEFAULT_OPTIONS, simulator=sim))
 
 
 @register(
@@ -245,6 +246,7 @@ def _chen(profile, hardware, budget):
     moves_persistent=False,
     recomputes=True,
     paper="Jain et al., Checkmate: Breaking the Memory Wall with Optimal Tensor Rematerialization, MLSys 2020",
+    searches=True,
 )
 def plan_checkmate(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, nodes=DEFAULT_NODES, stages=0,
                    gap=DEFAULT_GAP):
@@ -252,6 +254,7 @@ def plan_checkmate(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, 
     deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
     if profile.peak_bytes <= budget_bytes:
         return Draft(status="optimal", gap=0.0, estimate_us=profile.ideal_us, notes={"recomputes": 0})
+    sim = simulator_for(profile, hardware, options)
     graph = build_graph(profile, budget_bytes, stages)
     if not stages and graph.items:      # HiGHS's root cut rounds outran the time limit on larger models
         cap = max(1, STAGE_CELLS // min(nodes, len(graph.items)))
@@ -261,7 +264,7 @@ def plan_checkmate(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, 
     notes = {"recomputable_tensors": len(graph.items), "nodes": len(graph.nodes), "stages": graph.stages - 1}
 
     def fallback(why: str) -> Draft:
-        backup = _chen(profile, hardware, budget_bytes)
+        backup = _chen(profile, hardware, budget_bytes, sim)
         notes.update(fallback=f"{why}: chen's budgeted search", chen=backup.notes)
         return Draft(actions=backup.actions, status="fallback", notes=notes)
 
@@ -304,15 +307,15 @@ def plan_checkmate(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, 
         actions = lower(graph, keep, redo)
     except ValueError as error:
         return fallback(f"the solution could not be lowered ({error})")
-    result = score(profile, hardware, budget_bytes, actions)
+    result = score(sim, budget_bytes, actions)
     recomputed = [a for a in actions if a.kind == "recompute"]
     notes.update(model_objective_us=estimate, simulated_us=result.iteration_us if result.ok else None,
                  recomputes=len(recomputed), recomputed_tensors=len({a.tensor for a in recomputed}))
     if not result.ok:
         return fallback("the solver's plan does not run within the budget in the simulator "
                         f"({result.rule}: {result.reason})")
-    backup = _chen(profile, hardware, budget_bytes)
-    backup_result = score(profile, hardware, budget_bytes, backup.actions)
+    backup = _chen(profile, hardware, budget_bytes, sim)
+    backup_result = score(sim, budget_bytes, backup.actions)
     notes.update(chen_us=backup_result.iteration_us if backup_result.ok else None)
     if backup_result.ok and backup_result.iteration_us < result.iteration_us:
         notes.update(fallback=f"chen's plan simulated faster than the solver's ({backup_result.iteration_us:.0f} us "

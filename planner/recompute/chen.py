@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from ..core.api import score
+from ..core.api import score, simulator_for
 from ..core.checkpoint import chen_actions, forward_ops
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
 
@@ -56,11 +56,12 @@ def plan_chen(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, segme
         actions, notes = chen_actions(profile, segments, lazy)
         return Draft(actions=actions, notes=notes)
     counts = sorted({max(1, round(math.sqrt(forward)))} | {c for c in _counts(forward)})
+    sim = simulator_for(profile, hardware, options)
     best = None
     for count in counts:
         for late in (False, True):
             actions, notes = chen_actions(profile, count, late)
-            result = score(profile, hardware, budget_bytes, actions)
+            result = score(sim, budget_bytes, actions)
             key = (not result.ok, result.iteration_us if result.ok else -result.progress, late, count)
             if best is None or key < best[0]:
                 best = (key, actions, notes)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.api import score
+from ..core.api import score, simulator_for
 from ..core.checkpoint import droppable, recompute_plan, segment_of
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
 
@@ -86,11 +86,12 @@ def plan_torch_budget(profile, hardware, budget_bytes, *, options=DEFAULT_OPTION
     weights = np.array([tensors[t].bytes for t in ids], dtype=float)
     costs = np.array([recompute_cost_us(profile.ops[profile.producer[t]], hardware) for t in ids])
     need = profile.peak_bytes - budget_bytes
+    sim = simulator_for(profile, hardware, options)
     best = None
     for round_no in range(rounds):
         chosen = {ids[k]: 0 for k in knapsack(weights, costs, need)}
         actions = recompute_plan(profile, chosen, lazy=True, allowed=items)
-        result = score(profile, hardware, budget_bytes, actions)
+        result = score(sim, budget_bytes, actions)
         key = (not result.ok, result.iteration_us if result.ok else -result.progress)
         if best is None or key < best[0]:
             best = (key, actions, {"dropped_tensors": len(chosen), "freed_bytes": int(sum(tensors[t].bytes

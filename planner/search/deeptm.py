@@ -87,7 +87,7 @@ from simulator.compile.compiled import link_speed
 from simulator.plan import Action
 
 from ..core.analysis import op_start_us, touches
-from ..core.api import score
+from ..core.api import score, simulator_for
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
 from .ilp.common import DEFAULT_GAP, DEFAULT_TIME_LIMIT, QUEUES, fix_by_relaxation, to_actions
 from .ilp.intervals import Formulation, candidates, decode, predicted_us, step_times
@@ -281,10 +281,11 @@ def align_prefetches(actions: list[Action], profile) -> list[Action]:
     return out
 
 
-def best_aggregation(profile, hardware, budget: int, actions: list[Action], initial: dict, page_bytes: int):
+def best_aggregation(sim, budget: int, actions: list[Action], initial: dict, page_bytes: int):
     """The ungrouped plan and every aggregation way (page cap or none; prefetches aligned
-    or not), simulated; the fastest that runs within the budget, and notes."""
-    plain = score(profile, hardware, budget, actions, initial)
+    or not), simulated on ``sim``; the fastest that runs within the budget, and notes."""
+    profile, hardware = sim.profile, sim.hardware
+    plain = score(sim, budget, actions, initial)
     lat, rate = link_speed(hardware, "prefetch", "host")
     auto = int(10 * lat * rate)
     caps = [auto, 0] if page_bytes < 0 else [page_bytes]
@@ -295,7 +296,7 @@ def best_aggregation(profile, hardware, budget: int, actions: list[Action], init
             grouped, groups, members = aggregate(actions, profile, hardware, cap, align)
             if not groups:
                 continue
-            tried = score(profile, hardware, budget, grouped, initial)
+            tried = score(sim, budget, grouped, initial)
             name = f"page_bytes={cap}{', prefetches aligned' if align else ''}: {groups} groups of {members}"
             if tried.ok and (not best[0].ok or tried.iteration_us < best[0].iteration_us):
                 best = (tried, grouped, name)
@@ -314,6 +315,7 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     candidates: (actions, initial, status, gap, estimate)."""
     started = time.perf_counter()
     deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
+    sim = simulator_for(profile, hardware, options)
     form = Formulation(profile, hardware, budget, cands)
     notes.update(columns=form.model.num_cols, rows=form.model.num_rows, over_budget_ops=len(form.over_ops))
     if not form.over_ops:
@@ -326,7 +328,7 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     if form.model.num_cols > fix_above:
         form, _ = fix_by_relaxation(form, max(1.0, 0.3 * (deadline - time.perf_counter())), options, False, notes)
     backup = fallback()
-    backup_result = score(profile, hardware, budget, backup.actions, backup.initial)
+    backup_result = score(sim, budget, backup.actions, backup.initial)
     left = deadline - time.perf_counter()
     limit = max(1.0, left - min(0.05 * left, 10.0))
     options.say(f"deeptm MILP: {form.model.num_cols} columns, {form.model.num_rows} rows; "
@@ -344,7 +346,7 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     result, actions = None, None
     for name in QUEUES:
         lowered = to_actions(profile, chosen, queue=name, step_us=steps_us)
-        tried = score(profile, hardware, budget, lowered)
+        tried = score(sim, budget, lowered)
         if result is None or (tried.ok, -tried.iteration_us if tried.ok else 0) > \
                 (result.ok, -result.iteration_us if result.ok else 0):
             result, actions = tried, lowered
@@ -373,7 +375,8 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
                         low=1, high=10**9)),
           moves_persistent=True,
           paper="Zhou et al., DeepTM: Efficient Tensor Management in Heterogeneous Memory for DNN Training, "
-                "IEEE TPDS 35(11), 2024")
+                "IEEE TPDS 35(11), 2024",
+          searches=True)
 def plan_deeptm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, hot=0.3, w_access=1.0, w_reuse=1.0,
                 w_idle=1.0, w_size=1.0, window=WINDOW, page_bytes=-1, gap=1e-3, fix_above=100_000) -> Draft:
     from ..swap.g10 import plan_g10
@@ -387,7 +390,9 @@ def plan_deeptm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, hot
     notes.update(hot_share=share, hot_tensors=len(kept), cold_tensors=len({c.tensor for c in cold}),
                  cold_candidates=len(cold))
     options.say(f"deeptm: {len(kept)} hot tensors stay; {len(cold)} of {len(cands)} candidate intervals are cold")
-    fallback = lambda: plan_g10(profile, hardware, budget_bytes, ssd=False)   # noqa: E731
+    sim = simulator_for(profile, hardware, options)
+    fallback = lambda: plan_g10(profile, hardware, budget_bytes, ssd=False,   # noqa: E731
+                                options=replace(DEFAULT_OPTIONS, simulator=sim))
     gap = DEFAULT_GAP if gap is None else gap
     started = time.perf_counter()
     actions, initial, status, solved_gap, estimate = solve_cold(
@@ -403,6 +408,6 @@ def plan_deeptm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, hot
             actions, initial, status, solved_gap, estimate = solve_cold(
                 profile, hardware, budget_bytes, cands, replace(options, time_limit=left), gap, fix_above,
                 fallback, notes)
-    actions, result, agg = best_aggregation(profile, hardware, budget_bytes, list(actions), initial, page_bytes)
+    actions, result, agg = best_aggregation(sim, budget_bytes, list(actions), initial, page_bytes)
     notes.update(agg)
     return Draft(actions=actions, initial=initial, status=status, gap=solved_gap, estimate_us=estimate, notes=notes)

@@ -87,12 +87,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.api import Simulator
 from simulator.compile.compiled import link_speed
 from simulator.plan import Plan, offload, prefetch
 from simulator.profile import profile_sha256
 
 from ..core.analysis import op_start_us, touches
+from ..core.api import simulator_for
 from ..core.lowering import OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
 
@@ -311,7 +311,7 @@ def tune(model: Model, hardware, given: tuple[float, float, float], trials: int,
     """Bayesian optimisation of the weights (optuna TPE, seeded), or a seeded random search
     without optuna. Returns the best weights, the method used and the plans simulated."""
     profile = model.profile
-    simulator = Simulator(profile, hardware)
+    simulator = simulator_for(profile, hardware, options)
     sha = profile_sha256(profile)
     cache: dict[tuple, tuple] = {}
     best: list = [None, None]                      # (rank, weights)

@@ -61,11 +61,11 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from simulator.api import Simulator
 from simulator.plan import Plan, offload, prefetch
 from simulator.profile import profile_sha256
 
 from ..core.analysis import touches
+from ..core.api import simulator_for
 from ..core.lowering import OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
 
@@ -118,7 +118,7 @@ def search(profile, hardware, budget_bytes: int, found: list[Hint], thresholds: 
     one before) that fits, by binary search; the fastest fitting plan of all simulated.
     Returns (distance, ahead, tried); the last threshold and the first lead when nothing
     fits."""
-    simulator = Simulator(profile, hardware)
+    simulator = simulator_for(profile, hardware, options)
     sha = profile_sha256(profile)
     best = None           # (iteration, -distance, ahead, distance)
     tried = []

@@ -115,7 +115,7 @@ from simulator.plan import Action, drop, offload, prefetch, recompute
 from simulator.profile import Profile
 
 from ..core.analysis import op_start_us, touches
-from ..core.api import score
+from ..core.api import score, simulator_for
 from ..core.lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from ..core.estimate import MemoryEstimate
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
@@ -246,8 +246,9 @@ class _State:
     """The choices so far and what they imply: accesses (including recompute reads),
     evictions, the op-granularity memory estimate and the two copy queues."""
 
-    def __init__(self, profile: Profile, hardware, budget: int, allow_swap: bool, allow_recompute: bool,
-                 swap_weight: float = 1.0):
+    def __init__(self, sim, budget: int, allow_swap: bool, allow_recompute: bool, swap_weight: float = 1.0):
+        profile, hardware = sim.profile, sim.hardware
+        self.sim = sim                   # the compiled profile and machine its plans are scored on
         self.profile = profile
         self.swap_weight = swap_weight   # phase 2 compares swap overhead x this with recompute time
         self.unsure_pairs: set = set()   # phase 2 pairs whose two costs were within UNSURE x of each other
@@ -763,9 +764,8 @@ def _actions(state: _State) -> list[Action]:
 
 
 def _simulate(state: _State):
-    profile = state.profile
     actions = tuple(_actions(state))
-    return actions, score(profile, state.hardware, state.budget, actions)
+    return actions, score(state.sim, state.budget, actions)
 
 
 def _move_triggers(state: _State, result, step: float) -> int:
@@ -828,11 +828,11 @@ def _feedback(state: _State, rounds: int, step: float) -> tuple[list[Action], ob
     return list(best_actions), best, notes
 
 
-def _plan(profile, hardware, budget_bytes, swap: bool, recompute: bool, swap_weight: float,
+def _plan(sim, budget_bytes, swap: bool, recompute: bool, swap_weight: float,
           feedback_rounds: int, feedback_step: float) -> tuple[Draft, object, int]:
     """One Capuchin plan: phases 1 and 2, then feedback. Returns the draft, its simulated
     result (None without actions) and how many of its phase-2 choices were unsure."""
-    state = _State(profile, hardware, budget_bytes, swap, recompute, swap_weight)
+    state = _State(sim, budget_bytes, swap, recompute, swap_weight)
     if state.estimate.any_over():
         _swap_phase(state)
         _hybrid_phase(state)
@@ -866,12 +866,13 @@ def _plan(profile, hardware, budget_bytes, swap: bool, recompute: bool, swap_wei
 )
 def plan_capuchin(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, feedback_rounds=10, feedback_step=0.05,
                   recompute=True, swap=True):
-    draft, result, unsure = _plan(profile, hardware, budget_bytes, swap, recompute, 1.0,
+    sim = simulator_for(profile, hardware, options)
+    draft, result, unsure = _plan(sim, budget_bytes, swap, recompute, 1.0,
                                   feedback_rounds, feedback_step)
     if unsure and swap and recompute:
         # the stall estimate was unsure between a swap and a recompute: plan again leaning
         # to swaps, and let the simulator judge
-        other, other_result, _ = _plan(profile, hardware, budget_bytes, swap, recompute, 1.0 / UNSURE,
+        other, other_result, _ = _plan(sim, budget_bytes, swap, recompute, 1.0 / UNSURE,
                                        feedback_rounds, feedback_step)
         chosen = other if other_result is not None and _better(other_result, result) else draft
         chosen.notes["judged_by_simulation"] = "swap-leaning replan" if chosen is other else "first plan"

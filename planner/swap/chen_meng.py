@@ -59,12 +59,12 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass, replace
 
-from simulator.api import Simulator
 from simulator.compile.compiled import link_speed
 from simulator.plan import Plan, offload, prefetch
 from simulator.profile import profile_sha256
 
 from ..core.analysis import idle_gaps, op_start_us
+from ..core.api import simulator_for
 from ..core.lowering import OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
 
@@ -123,7 +123,7 @@ def search(profile, hardware, budget_bytes: int, found: list[Interval], options)
     """How many of the longest intervals to swap (the threshold search), what was tried
     ([intervals swapped, simulated iteration in us or None when it does not fit]) and
     whether any plan fitted."""
-    simulator = Simulator(profile, hardware)
+    simulator = simulator_for(profile, hardware, options)
     sha = profile_sha256(profile)
     scores: dict[int, object] = {}
 

@@ -57,11 +57,11 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from simulator.api import Simulator
 from simulator.compile.compiled import link_speed
 from simulator.plan import Plan, offload, prefetch
 
 from ..core.analysis import op_start_us, touches, working_set
+from ..core.api import simulator_for
 from ..core.estimate import MemoryEstimate
 from ..core.lowering import OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, register
@@ -184,7 +184,7 @@ def plan_flashneuron(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS
         return Draft(notes={**notes, "offloaded": 0})
     room = activation_budget(profile, budget_bytes)
     by_rule = choose_offloads(offloadable(profile, loss), room)
-    simulator = Simulator(profile, hardware)
+    simulator = simulator_for(profile, hardware, options)
 
     def actions(count: int) -> list:
         return offload_actions(profile, hardware, by_rule[:count], tier, loss, budget_bytes)

@@ -109,11 +109,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.compile.compiled import link_speed
+from simulator.compile.compiled import LINKS, link_speed, transfer_links
 from simulator.plan import drop, offload, prefetch
 
 from ..core.analysis import idle_gaps, op_start_us, touches
-from ..core.api import score
+from ..core.api import score, simulator_for
 from ..core.estimate import MemoryEstimate
 from ..core.lowering import PREFETCH, Step, issue_order, phase_of
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
@@ -197,8 +197,9 @@ class Reservation:
 
 
 class LinkTime:
-    """Link time left at each kernel, per link (R17, R18): ``pcie_up``, ``pcie_down``,
-    ``ssd_write``, ``ssd_read``, and on a half-duplex machine the one copy ``engine``.
+    """Link time left at each kernel, per link of the simulator's route model (R17, R18:
+    ``simulator.compile.compiled.transfer_links``): ``pcie_up``, ``pcie_down``,
+    ``ssd_write_link``, ``ssd_read_link``, and on a half-duplex machine the one copy ``engine``.
 
     A transfer runs at the rate of the slowest link it crosses and uses each link's
     bandwidth in proportion: an SSD copy takes bytes / PCIe bandwidth of PCIe time, not
@@ -209,7 +210,7 @@ class LinkTime:
     def __init__(self, times: np.ndarray, hardware):
         self.hardware = hardware
         self.half = hardware.pcie.duplex == "half"
-        names = ("pcie_up", "pcie_down", "ssd_write", "ssd_read") + (("engine",) if self.half else ())
+        names = LINKS + (("engine",) if self.half else ())
         # one entry per kernel, then the tail after the last kernel (closed until opened)
         self.left = {name: np.append(times.astype(float), 0.0) for name in names}
         self._links: dict = {}
@@ -230,20 +231,9 @@ class LinkTime:
         return self._links[key]
 
     def _route(self, direction: str, tier: str) -> tuple[tuple[str, float], ...]:
-        pcie = self.hardware.pcie
-        pcie_name, pcie_gbps = ("pcie_up", pcie.d2h_gbps) if direction == "offload" else ("pcie_down", pcie.h2d_gbps)
-        rates = {pcie_name: pcie_gbps}
-        if tier == "ssd":
-            ssd = self.hardware.ssd
-            if direction == "offload":
-                rates["ssd_write"] = ssd.write_gbps
-            else:
-                rates["ssd_read"] = ssd.read_gbps
-        rate = min(rates.values())
-        found = tuple((name, gbps / rate) for name, gbps in rates.items())
-        if self.half and (tier == "host" or self.hardware.ssd.path == "host"):
-            found += (("engine", 1.0),)
-        return found
+        _, links, uses_engine = transfer_links(self.hardware, direction, tier)
+        rate = min(bandwidth for _, bandwidth in links)
+        return tuple((name, bandwidth / rate) for name, bandwidth in links) + ((("engine", 1.0),) if uses_engine else ())
 
     def _arrays(self, links) -> tuple[np.ndarray, np.ndarray]:
         """The transfer's own running time the links leave it in each kernel, and its
@@ -397,19 +387,21 @@ def candidate_intervals(profile, starts: list[float]) -> list[Interval]:
     return found
 
 
-def rule_tiers(interval: Interval, hardware, factor: float, use_ssd: bool) -> list[str]:
-    """The tiers the 2.5x rule allows for this interval, SSD first."""
-    pcie = hardware.pcie
-    tiers = []
-    ssd = hardware.ssd
-    if use_ssd and ssd is not None:
-        ssd_rate = min(ssd.read_gbps, ssd.write_gbps) * 1e3  # bytes per us
-        if interval.length_us > factor * (ssd.latency_us + pcie.latency_us + interval.nbytes / ssd_rate):
-            tiers.append("ssd")
-    pcie_rate = min(pcie.h2d_gbps, pcie.d2h_gbps) * 1e3
-    if interval.length_us > factor * (pcie.latency_us + interval.nbytes / pcie_rate):
-        tiers.append("host")
-    return tiers
+def move_speeds(hardware, use_ssd: bool) -> dict[str, tuple[float, float]]:
+    """Per tier the 2.5x rule may choose, SSD first: (latency in us, bytes per us) of the
+    slower of a move's two lone transfers, on the simulator's routes (``link_speed``)."""
+    found = {}
+    for tier in (("ssd", "host") if use_ssd and hardware.ssd is not None else ("host",)):
+        speeds = [link_speed(hardware, kind, tier) for kind in ("offload", "prefetch")]
+        found[tier] = (max(latency for latency, _ in speeds), min(rate for _, rate in speeds))
+    return found
+
+
+def rule_tiers(interval: Interval, speeds: dict[str, tuple[float, float]], factor: float) -> list[str]:
+    """The tiers the 2.5x rule allows for this interval, SSD first: the interval must be
+    ``factor`` times the move's transfer time (``move_speeds``)."""
+    return [tier for tier, (latency, rate) in speeds.items()
+            if interval.length_us > factor * (latency + interval.nbytes / rate)]
 
 
 # ----------------------------------------------------------------------------- the planner state
@@ -436,6 +428,7 @@ class G10State:
         self.taken: dict[int, Move] = {}  # interval order -> its chosen move
         tiers = ("host", "ssd") if hardware.ssd is not None else ("host",)
         self._rule_tiers: dict[int, list[str]] = {}
+        self._move_speeds = move_speeds(hardware, use_ssd)
         self._speeds = {(direction, tier): link_speed(hardware, direction, tier)
                         for direction in ("offload", "prefetch") for tier in tiers}
 
@@ -443,8 +436,7 @@ class G10State:
         """The tiers the 2.5x rule allows for this interval (fixed per interval)."""
         found = self._rule_tiers.get(interval.order)
         if found is None:
-            found = self._rule_tiers[interval.order] = rule_tiers(interval, self.hardware, self.rule_factor,
-                                                                  self.use_ssd)
+            found = self._rule_tiers[interval.order] = rule_tiers(interval, self._move_speeds, self.rule_factor)
         return found
 
     def transfer_us(self, direction: str, tier: str, nbytes: int) -> float:
@@ -770,10 +762,10 @@ def g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd
                         "estimated_over_budget_us": state.estimate.over_us_at()})
 
 
-def better_by_simulation(profile, hardware, budget_bytes, drafts: list[Draft]) -> Draft:
+def better_by_simulation(sim, budget_bytes, drafts: list[Draft]) -> Draft:
     """The draft whose plan the simulator runs in the budget fastest (the first on ties)."""
     def rank(draft: Draft):
-        result = score(profile, hardware, budget_bytes, draft.actions, draft.initial)
+        result = score(sim, budget_bytes, draft.actions, draft.initial)
         return (not result.ok, result.iteration_us if result.ok else 0.0)
     return min(drafts, key=rank)
 
@@ -802,5 +794,5 @@ def plan_g10(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, ssd=Tr
     if fallback and use_ssd and not draft.notes["rules_alone_fit"] and draft.notes["moves_by_tier"]["ssd"]:
         host_only = g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, False, True)
         host_only.notes["host_only_retry"] = True
-        draft = better_by_simulation(profile, hardware, budget_bytes, [draft, host_only])
+        draft = better_by_simulation(simulator_for(profile, hardware, options), budget_bytes, [draft, host_only])
     return draft

@@ -86,7 +86,7 @@ import networkx as nx
 from simulator.plan import Action, drop, offload, prefetch
 from simulator.profile import Profile, dataflow_graph
 
-from ..core.api import score
+from ..core.api import score, simulator_for
 from ..core.lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
 
@@ -228,14 +228,14 @@ def lms_actions(profile: Profile, levels: Levels, knobs: Knobs) -> list[Action]:
 class Tuner:
     """Scores knob settings with the simulator (memoised) for the auto-tuner."""
 
-    def __init__(self, profile: Profile, hardware, budget_bytes: int, levels: Levels):
-        self.profile, self.hardware, self.budget, self.levels = profile, hardware, budget_bytes, levels
+    def __init__(self, sim, budget_bytes: int, levels: Levels):
+        self.sim, self.profile, self.budget, self.levels = sim, sim.profile, budget_bytes, levels
         self.memo: dict[Knobs, bool] = {}
 
     def fits(self, knobs: Knobs) -> bool:
         if knobs not in self.memo:
             actions = lms_actions(self.profile, self.levels, knobs)
-            self.memo[knobs] = score(self.profile, self.hardware, self.budget, actions).ok
+            self.memo[knobs] = score(self.sim, self.budget, actions).ok
         return self.memo[knobs]
 
     def largest_fitting(self, knobs: Knobs, name: str, low: int, high: int, early_stop: bool = False) -> int:
@@ -303,7 +303,7 @@ def plan_lms(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, swapou
              swapin_groupby=0, autotune=True):
     levels = topological_levels(profile)
     if autotune and min(swapout_threshold, swapin_ahead, swapin_groupby) < 0:
-        knobs, how = tune_knobs(Tuner(profile, hardware, budget_bytes, levels),
+        knobs, how = tune_knobs(Tuner(simulator_for(profile, hardware, options), budget_bytes, levels),
                                 swapout_threshold, swapin_ahead, swapin_groupby)
     else:
         knobs = Knobs(swapout_threshold if swapout_threshold >= 0 else 1,

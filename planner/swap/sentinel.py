@@ -39,10 +39,10 @@ Departures from the paper, and why
 """
 from __future__ import annotations
 
-from simulator.api import Simulator
 from simulator.plan import Plan, offload, prefetch
 from simulator.profile import profile_sha256
 
+from ..core.api import simulator_for
 from ..core.facts import layer_segments, touch_map
 from ..core.lowering import OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
@@ -93,7 +93,7 @@ def plan_sentinel(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, i
     if interval != -1:
         actions, notes = sentinel_actions(profile, interval)
         return Draft(actions=actions, notes=notes)
-    simulator = Simulator(profile, hardware)
+    simulator = simulator_for(profile, hardware, options)
     sha = profile_sha256(profile)
 
     def scored(actions):

@@ -45,7 +45,7 @@ from simulator.plan import Plan
 from simulator.profile import profile_sha256
 
 from ..core.analysis import op_start_us
-from ..core.api import score
+from ..core.api import score, simulator_for
 from ..core.compression import swap_codecs, where_it_pays, with_codecs
 from ..core.placement import METHODS, lifetimes, place_blocks
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
@@ -84,16 +84,17 @@ def early_prefetches(profile, hardware, actions) -> list:
 SHRINK = (1.0, 0.97, 0.94, 0.9, 0.85, 0.8)   # lifetimes taken under budget x these, until the arena fits
 
 
-def arena_within(profile, hardware, budget_bytes, actions):
+def arena_within(sim, budget_bytes, actions):
     """(placement, note): the smallest arena of the three placement methods over the
     plan's lifetimes, taken under the budget and, while the arena does not fit it, under
     smaller ones (a tighter run leaves fewer allocations alive together); kept when the
     placed plan runs within the budget. (None, why) when none does."""
+    profile = sim.profile
     plan = Plan(profile.name, tuple(actions), profile_sha256=profile_sha256(profile))
     why = "no placement tried"
     for shrink in SHRINK:
         try:
-            result, blocks, zero, tied = lifetimes(profile, plan, hardware, int(budget_bytes * shrink))
+            result, blocks, zero, tied = lifetimes(sim, plan, int(budget_bytes * shrink))
         except InputError as exc:
             why = f"lifetimes under {shrink:.0%} of the budget: {exc}"
             continue
@@ -107,7 +108,7 @@ def arena_within(profile, hardware, budget_bytes, actions):
             continue
         offsets.update({key: 0 for key in zero})
         placement = Placement(arena_bytes, dict(sorted(offsets.items())))
-        tried = score(profile, hardware, budget_bytes, list(actions), placement=placement)
+        tried = score(sim, budget_bytes, list(actions), placement=placement)
         if tried.ok:
             return placement, {"arena_bytes": arena_bytes, "method": method, "lifetimes_under": shrink,
                                "arena_over_live": round(arena_bytes / result.peak_bytes, 5)}
@@ -127,25 +128,26 @@ def plan_vdnn_plus(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, 
                    arena=True):
     base = plan_vdnn(profile, hardware, budget_bytes, options=options, mode=mode)
     actions, notes = list(base.actions), {"vdnn": base.notes, "vdnn_status": base.status}
-    current = score(profile, hardware, budget_bytes, actions)
+    sim = simulator_for(profile, hardware, options)
+    current = score(sim, budget_bytes, actions)
 
     def better(candidate) -> bool:
         return candidate.ok and (not current.ok or candidate.iteration_us <= current.iteration_us)
 
     early = early_prefetches(profile, hardware, actions)
-    tried = score(profile, hardware, budget_bytes, early)
+    tried = score(sim, budget_bytes, early)
     notes["early_prefetch"] = better(tried)
     if better(tried):
         actions, current = early, tried
     if compress:
         chosen = where_it_pays(profile, hardware, actions, swap_codecs(hardware, False), False)
         packed = with_codecs(actions, chosen)
-        tried = score(profile, hardware, budget_bytes, packed) if chosen else None
+        tried = score(sim, budget_bytes, packed) if chosen else None
         notes["compressed_tensors"] = len(chosen) if tried is not None and better(tried) else 0
         if tried is not None and better(tried):
             actions, current = packed, tried
     placement = None
     if arena and current.ok:
-        placement, notes["placement"] = arena_within(profile, hardware, budget_bytes, actions)
+        placement, notes["placement"] = arena_within(sim, budget_bytes, actions)
     status = base.status
     return Draft(actions=actions, status=status, notes=notes, placement=placement)

@@ -67,10 +67,10 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from simulator.api import Simulator
 from simulator.plan import Plan, offload, prefetch
 from simulator.profile import profile_sha256
 
+from ..core.api import simulator_for
 from ..core.lowering import OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
 from ..core.facts import read_ops, touch_map
@@ -163,7 +163,7 @@ def plan_deepum(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, loo
     if lookahead != -1:
         actions = deepum_actions(profile, budget_bytes, tier, lookahead, pre_evict)
         return Draft(actions=actions, memory="uvm", notes={"lookahead": lookahead, "hints": len(actions)})
-    simulator = Simulator(profile, hardware)
+    simulator = simulator_for(profile, hardware, options)
     sha = profile_sha256(profile)
     tried = {}
     best = None

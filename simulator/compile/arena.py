@@ -94,14 +94,13 @@ def allocation_keys(program, compiled) -> AllocationKeys:
         transfers[transfer.index] = Request(owner, key(owner), size(owner))
     op_ids = compiled.op_ids
     for k in range(len(seq)):
-        if k in program.on_cpu:
-            continue
-        requests = [Request(owner, key(owner), size(owner)) for owner in seq.allocs[k]]
-        if seq.workspace[k]:
-            requests.append(Request(WORKSPACE, f"ws:{op_ids[seq.op_index[k]]}", seq.workspace[k]))
-        if requests:
-            items[k] = requests
-        for transfer in issued.get(k, ()):
+        if k not in program.on_cpu:         # an op on the CPU allocates nothing on the GPU (R24) ...
+            requests = [Request(owner, key(owner), size(owner)) for owner in seq.allocs[k]]
+            if seq.workspace[k]:
+                requests.append(Request(WORKSPACE, f"ws:{op_ids[seq.op_index[k]]}", seq.workspace[k]))
+            if requests:
+                items[k] = requests
+        for transfer in issued.get(k, ()):  # ... but the prefetches issued when it ends do (R12, R27)
             owner = transfer.buffer or transfer.tensor
             transfers[transfer.index] = Request(owner, key(owner), size(owner))
     return AllocationKeys(start, items, transfers)

@@ -8,10 +8,8 @@ simulator/run/engine.py, a plan's static program in simulator/compile/program.py
 """
 from __future__ import annotations
 
-import weakref
 from array import array
 from dataclasses import dataclass
-from functools import lru_cache
 from itertools import accumulate
 
 from ..hardware import Hardware
@@ -74,12 +72,31 @@ class UvmMachine:
     caching: bool = False      # R38: a caching allocator's pool over managed memory
 
 
-@lru_cache(maxsize=64)
 def compile_machine(hardware: Hardware) -> Machine:
     """R17, R18: a host copy crosses its PCIe direction; an SSD copy crosses the SSD link
     and the PCIe direction as one flow, after PCIe + SSD latency through host memory
     (the SSD's alone for ``direct``); with half duplex, host copies and host-path SSD
     copies need the one copy engine."""
+    pcie, ssd = hardware.pcie, hardware.ssd
+    half = pcie.duplex == "half"
+    capacity, routes = _routes(hardware)
+    host_bytes, ssd_bytes = hardware.host.memory_bytes, ssd.capacity_bytes if ssd else 0
+    uvm = hardware.uvm
+    uvm_machine = UvmMachine(uvm.block_bytes, us_to_ps(uvm.fault_latency_us),
+                             uvm.legacy_batch_blocks if uvm.legacy_batch_blocks is not None else 0, uvm.backing,
+                             uvm.host_cache_bytes,
+                             us_to_ps(ssd.latency_us) if ssd else 0, uvm.page_bytes, uvm.big_page_bytes,
+                             uvm.fault_batch_faults, uvm.prefetch_threshold, uvm.caching_allocator)
+    return Machine(name=hardware.name, gpu_bytes=hardware.gpu.memory_bytes, link_capacity=tuple(capacity),
+                   routes=routes, half_duplex=half, has_ssd=ssd is not None, host_bytes=host_bytes,
+                   ssd_bytes=ssd_bytes, packed=_pack_machine(half, host_bytes, ssd_bytes, tuple(capacity), routes),
+                   cpu=None if hardware.cpu is None else
+                   (hardware.cpu.tflops, hardware.cpu.mem_gbps, hardware.cpu.launch_us), uvm=uvm_machine,
+                   codecs={codec.name: codec for codec in hardware.codecs})
+
+
+def _routes(hardware: Hardware) -> tuple[list[int], dict]:
+    """R17, R18: each link's capacity (bytes per second) and each kind of transfer's route."""
     pcie, ssd = hardware.pcie, hardware.ssd
     half = pcie.duplex == "half"
     pcie_latency = us_to_ps(pcie.latency_us)
@@ -96,19 +113,7 @@ def compile_machine(hardware: Hardware) -> Machine:
         ssd_latency = us_to_ps(ssd.latency_us)   # R26: between SSD and host memory, no PCIe, no copy engine
         routes[("load", "ssd")] = Route(SSD_READ, (SSD_READ_LINK,), ssd_latency, False)
         routes[("store", "ssd")] = Route(SSD_WRITE, (SSD_WRITE_LINK,), ssd_latency, False)
-    host_bytes, ssd_bytes = hardware.host.memory_bytes, ssd.capacity_bytes if ssd else 0
-    uvm = hardware.uvm
-    uvm_machine = UvmMachine(uvm.block_bytes, us_to_ps(uvm.fault_latency_us),
-                             uvm.legacy_batch_blocks if uvm.legacy_batch_blocks is not None else 0, uvm.backing,
-                             uvm.host_cache_bytes,
-                             us_to_ps(ssd.latency_us) if ssd else 0, uvm.page_bytes, uvm.big_page_bytes,
-                             uvm.fault_batch_faults, uvm.prefetch_threshold, uvm.caching_allocator)
-    return Machine(name=hardware.name, gpu_bytes=hardware.gpu.memory_bytes, link_capacity=tuple(capacity),
-                   routes=routes, half_duplex=half, has_ssd=ssd is not None, host_bytes=host_bytes,
-                   ssd_bytes=ssd_bytes, packed=_pack_machine(half, host_bytes, ssd_bytes, tuple(capacity), routes),
-                   cpu=None if hardware.cpu is None else
-                   (hardware.cpu.tflops, hardware.cpu.mem_gbps, hardware.cpu.launch_us), uvm=uvm_machine,
-                   codecs={codec.name: codec for codec in hardware.codecs})
+    return capacity, routes
 
 
 def _pack_machine(half: bool, host_bytes: int, ssd_bytes: int, capacity: tuple, routes: dict) -> tuple:
@@ -126,13 +131,22 @@ def _pack_machine(half: bool, host_bytes: int, ssd_bytes: int, capacity: tuple, 
     return (int(half), host_bytes, ssd_bytes, capacity, tuple(packed))
 
 
+def transfer_links(hardware: Hardware, kind: str, tier: str) -> tuple[float, tuple[tuple[str, float], ...], bool]:
+    """The simulator's route of a lone offload or prefetch to or from a tier (R17, R18), in
+    planners' units: (latency in us, the links it crosses as (name in ``LINKS``, bytes per
+    us), whether it holds the one copy engine of a half-duplex machine). The one route
+    and link model that planners (g10, the ILPs, the bound) estimate with."""
+    capacity, routes = _routes(hardware)
+    route = routes[(kind, tier)]
+    return (route.latency_ps / 10**6, tuple((LINKS[link], capacity[link] / 10**6) for link in route.links),
+            route.uses_engine)
+
+
 def link_speed(hardware: Hardware, kind: str, tier: str) -> tuple[float, float]:
-    """(latency in us, bytes per us) of a lone offload or prefetch to or from a tier:
-    the uncontended figures planners estimate with (R17, R18)."""
-    machine = compile_machine(hardware)
-    route = machine.route(kind, tier)
-    rate = min(machine.link_capacity[link] for link in route.links)
-    return route.latency_ps / 10**6, rate / 10**6
+    """(latency in us, bytes per us) of a lone offload or prefetch to or from a tier: the
+    uncontended figures planners estimate with (R17, R18): its slowest link's rate."""
+    latency, links, _ = transfer_links(hardware, kind, tier)
+    return latency, min(rate for _, rate in links)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,21 +170,14 @@ class CompiledProfile:
     arrays: tuple                            # simulator/fast/explicit.py: what _fastsim reads
 
 
-_compiled: dict[int, tuple[weakref.ref, CompiledProfile]] = {}
-
-
 def compile_profile(profile: Profile) -> CompiledProfile:
-    """The compiled form of ``profile``, built once per Profile object and kept while
-    the profile lives (profiles are not changed after construction)."""
-    key = id(profile)
-    found = _compiled.get(key)
-    if found is not None and found[0]() is profile:
-        return found[1]
+    """The compiled form of ``profile``. Compiling costs time linear in the profile (a
+    third of a second at 11k ops): build it once, in a ``Simulator``, and hand that on."""
     op_ps = tuple(us_to_ps(op.time_us) for op in profile.ops)
     tensor_index = {t.id: i for i, t in enumerate(profile.tensors)}
     pairs = tuple((a, b, b if b in profile.updaters[tid] else a, tensor_index[tid])
                   for a, b, tid in update_order_pairs(profile))
-    compiled = CompiledProfile(
+    return CompiledProfile(
         name=profile.name, op_ps=op_ps, ideal_ps=profile.ideal_ps,
         tensor_bytes={t.id: t.bytes for t in profile.tensors},
         persistent_ids=tuple(t.id for t in profile.tensors if t.persistent),
@@ -180,9 +187,6 @@ def compile_profile(profile: Profile) -> CompiledProfile:
         profile_order=array("i", range(len(profile.ops))), sha256=profile_sha256(profile),
         op_starts_us=(0.0, *accumulate(op.time_us for op in profile.ops)),
         arrays=_arrays(profile, op_ps, tensor_index, pairs))
-    _compiled[key] = (weakref.ref(profile), compiled)
-    weakref.finalize(profile, _compiled.pop, key, None)
-    return compiled
 
 
 def _arrays(profile: Profile, op_ps, index: dict, pairs) -> tuple:

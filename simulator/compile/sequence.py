@@ -46,6 +46,8 @@ class Sequence:
     op_item: dict[str, int]              # op id -> its own item
     recompute_items: dict[str, list[int]]
     codec: dict[int, CodecItem] = field(default_factory=dict)   # item -> what a codec item does
+    uvm: object = None   # its UVM touches (simulator/compile/uvm.py ``UvmTouches``), made by the first UVM
+                         # compile on it: the default sequence is shared by every plan without a schedule
 
     def __len__(self) -> int:
         return len(self.op_index)

@@ -8,12 +8,61 @@ time is simulator/run/uvm_memory.py's.
 """
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
 
 from ..plan import Plan
 from ..profile import Profile
 from .compiled import CompiledProfile, Machine
 from .program import Drop, PlanInvalid, Program, Transfer, check_plan_rules, compute_sequence
+from .sequence import Sequence
+
+
+class ItemTouch:
+    """What item k of a sequence touches, as tensor positions: what it pins (R31), what
+    it may fault (inputs, then updates, in order), what it allocates, what it updates."""
+    __slots__ = ("pins", "reads", "outputs", "updates")
+
+    def __init__(self, pins, reads, outputs, updates):
+        self.pins, self.reads, self.outputs, self.updates = pins, reads, outputs, updates
+
+
+@dataclass(frozen=True)
+class UvmTouches:
+    """A sequence's touches (R31) per item, for the Python run (``items``), and the same
+    with the sequence's times, workspaces, allocations and last uses (R7) as flat arrays
+    for the C run (``arrays``; simulator/fast/uvm.py), with a bound on the bytes one item
+    or transfer can move (``bound``)."""
+    items: tuple[ItemTouch, ...]
+    arrays: tuple
+    bound: int
+
+
+def uvm_touches(seq: Sequence, compiled: CompiledProfile) -> UvmTouches:
+    """The touches of every item of ``seq`` (see ``UvmTouches``)."""
+    arrays = compiled.arrays
+    in_off, in_val, up_off, up_val = arrays[5], arrays[6], arrays[7], arrays[8]
+    index = compiled.tensor_index
+    items = []
+    for k, op in enumerate(seq.op_index):
+        updates = tuple(dict.fromkeys(up_val[up_off[op]:up_off[op + 1]]))
+        reads = tuple(dict.fromkeys(tuple(in_val[in_off[op]:in_off[op + 1]]) + updates))
+        outputs = tuple(index[t] for t in seq.allocs[k])
+        items.append(ItemTouch(tuple(dict.fromkeys(reads + outputs)), reads, outputs, updates))
+    flat = (array("q", seq.time_ps), array("q", seq.workspace), array("q", seq.alloc_bytes),
+            *_csr(item.pins for item in items), *_csr(item.reads for item in items),
+            *_csr(item.outputs for item in items), *_csr(item.updates for item in items),
+            *_csr([index[tid] for tid in frees] for frees in seq.frees))
+    return UvmTouches(tuple(items), flat, sum(arrays[0]) + sum(seq.workspace))
+
+
+def _csr(rows) -> tuple[array, array]:
+    offsets, values = array("i", [0]), array("i")
+    for row in rows:
+        values.extend(row)
+        offsets.append(len(values))
+    return offsets, values
 
 
 def compile_uvm(profile: Profile, compiled: CompiledProfile, plan: Plan, machine: Machine):
@@ -50,6 +99,8 @@ def compile_uvm(profile: Profile, compiled: CompiledProfile, plan: Plan, machine
             raise PlanInvalid("R36", None, tid, f"{tid!r} starts in {tier}, but managed memory is backed by "
                                                 f"{backing} (the plan's uvm_backing, else the machine's uvm.backing)")
     seq = compute_sequence(profile, compiled, plan)
+    if seq.uvm is None:
+        seq.uvm = uvm_touches(seq, compiled)
     tensors, uses, op_item = profile.tensor_by_id, seq.uses, seq.op_item
     read_mostly = frozenset(plan.read_mostly)
     route_in, route_out = machine.route("prefetch", "host"), machine.route("offload", "host")

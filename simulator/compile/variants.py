@@ -21,11 +21,18 @@ COLUMNS = ("op", "name", "time_us", "workspace_bytes")
 def read_variants(path: str) -> list[tuple[int, str, str, float, int]]:
     """(line, op, name, time_us, workspace_bytes) rows; InputError naming the file, the
     line and the column for a bad row."""
-    try:
-        text = read_bytes(path).decode("utf-8")
+    try:   # utf-8-sig: a byte-order mark, as spreadsheets save a CSV, is not part of the header
+        text = read_bytes(path).decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError(path, "top level", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    reader = csv.reader(io.StringIO(text))
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        return _rows(path, reader)
+    except csv.Error as exc:   # a field over the csv module's limit, an unclosed quote at the end
+        raise InputError(path, f"line {reader.line_num}", f"not a valid CSV: {exc}") from None
+
+
+def _rows(path: str, reader) -> list[tuple[int, str, str, float, int]]:
     header = next(reader, None)
     if header is None or [h.strip() for h in header] != list(COLUMNS):
         raise InputError(path, "line 1", f"expected the header {','.join(COLUMNS)}, got {','.join(header or [])!r}")

@@ -1,12 +1,12 @@
 """UVM mode's fast path: a compiled UVM program as flat arrays for simulator/fast/_fastuvm.c.
 
-``simulate`` compiles a plan with ``"memory": "uvm"`` in Python (simulator/compile/uvm.py
-``compile_uvm``: its rules, and the wording of a broken one) and runs the two iterations
-of R36 in C, which does what simulator/run/uvm.py's ``_UvmRun`` does with
+``run`` takes a UVM program compiled in Python (simulator/compile/uvm.py ``compile_uvm``:
+its rules, the wording of a broken one, and the sequence's touches as flat arrays) and
+runs the two iterations of R36 in C, which does what simulator/run/uvm.py's ``_UvmRun`` does with
 simulator/run/uvm_memory.py's ``UvmMemory``, in the same order and with the same integer arithmetic. The Result is built
 here exactly as ``_UvmRun._fill`` builds it, times converted with ``ps_to_us``.
 
-The C code covers full-duplex PCIe with host backing. ``simulate`` returns None where it
+The C code covers full-duplex PCIe with host backing. ``run`` returns None where it
 does not apply, and the caller runs the Python reference: SSD backing with its page cache
 (R35), half-duplex PCIe, a caching allocator's pool (R38), and a run whose times would
 pass 2^61 ps or whose byte counts could pass 2^61 (codecs need no case: compile_uvm
@@ -19,13 +19,9 @@ from array import array
 from collections import Counter
 
 from ..compile.compiled import LINKS, PCIE_DOWN, PCIE_UP, CompiledProfile, Machine
-from ..compile.lower import compile_program
-from ..compile.program import Drop, PlanInvalid, Program
-from ..plan import Plan
-from ..profile import Profile
+from ..compile.program import Drop, Program
 from ..result import Result
-from ..run.engine import Blocked, describe, invalid_result
-from ..run.uvm import _touches
+from ..run.engine import Blocked, describe
 from ..units import ps_to_us
 
 try:
@@ -47,20 +43,6 @@ def available() -> bool:
     return _fastuvm is not None and getattr(_fastuvm, "ABI", None) == ABI
 
 
-def simulate(profile: Profile, compiled: CompiledProfile, machine: Machine, plan: Plan, budget: int) -> Result | None:
-    """The full Result of a UVM plan (no timeline) from C, or None where the C run does
-    not apply (the caller then runs the reference). An invalid plan's result comes from
-    the Python compile, as the reference's does. Assumes ``check_plan`` passed."""
-    if machine.half_duplex or (plan.uvm_backing or machine.uvm.backing) != "host" or machine.uvm.caching:
-        counts["reference"] += 1
-        return None
-    try:
-        program = compile_program(profile, compiled, plan, machine)
-    except PlanInvalid as exc:
-        return invalid_result(exc, budget, compiled)
-    return run(compiled, program, machine, budget)
-
-
 def run(compiled: CompiledProfile, program: Program, machine: Machine, budget: int) -> Result | None:
     """``run_program`` of a compiled UVM program in C; None where C does not apply."""
     packed = pack(compiled, program, machine) if budget <= 2 * _LIMIT else None
@@ -73,9 +55,10 @@ def run(compiled: CompiledProfile, program: Program, machine: Machine, budget: i
 
 
 def pack(compiled: CompiledProfile, program: Program, machine: Machine) -> tuple | None:
-    """The arguments of ``_fastuvm.run`` but the budget: the sequence's arrays (kept on
-    it), the program's, the tensors' and the machine's; None where C does not apply."""
-    arrays, bound = _sequence(program.seq, compiled)
+    """The arguments of ``_fastuvm.run`` but the budget: the sequence's arrays (made by
+    the compile), the program's, the tensors' and the machine's; None where C does not apply."""
+    touches = program.seq.uvm     # the sequence's arrays (simulator/compile/uvm.py)
+    arrays, bound = touches.arrays, touches.bound
     if (machine.half_duplex or program.backing != "host" or machine.uvm.caching
             or bound * (len(program.seq) + len(program.transfers) + 4) >= _LIMIT):
         return None
@@ -87,33 +70,6 @@ def pack(compiled: CompiledProfile, program: Program, machine: Machine) -> tuple
                       uvm.batch_faults if uvm.page else max(1, uvm.batch_blocks), uvm.threshold if uvm.page else 100)
     tensors = (compiled.arrays[0], compiled.arrays[1], compiled.arrays[15])
     return arrays, _program(program, compiled), tensors, packed_machine
-
-
-def _csr(rows) -> tuple[array, array]:
-    offsets, values = array("i", [0]), array("i")
-    for row in rows:
-        values.extend(row)
-        offsets.append(len(values))
-    return offsets, values
-
-
-def _sequence(seq, compiled: CompiledProfile) -> tuple[tuple, int]:
-    """The per-item arrays of a compute sequence, once per sequence (kept on it, as
-    simulator/run/uvm.py's ``_touches`` keeps its lists): times, workspaces, bytes allocated, what
-    each item pins, reads (then updates), makes and updates (R31), and the tensors whose
-    last use it is (R7); with a bound on the bytes one item or transfer can move."""
-    found = getattr(seq, "_uvm_arrays", None)
-    if found is not None:
-        return found
-    touch = _touches(seq, compiled)
-    index = compiled.tensor_index
-    arrays = (array("q", seq.time_ps), array("q", seq.workspace), array("q", seq.alloc_bytes),
-              *_csr(item.pins for item in touch), *_csr(item.reads for item in touch),
-              *_csr(item.outputs for item in touch), *_csr(item.updates for item in touch),
-              *_csr([index[tid] for tid in frees] for frees in seq.frees))
-    found = (arrays, sum(compiled.arrays[0]) + sum(seq.workspace))
-    seq._uvm_arrays = found
-    return found
 
 
 def _program(program: Program, compiled: CompiledProfile) -> tuple:

@@ -91,7 +91,7 @@ class ArenaMemory(Memory):
         self.placement = placement
         self.allocator = allocator
         self.ranges = Ranges(arena_bytes)
-        self.pending: list[tuple[str, str, int, int]] = []
+        self.pending: list[tuple[str, str, int, int, int]] = []   # owner, key, range, bytes asked
         self.blocked: dict | None = None
         self.log: list[list] = []               # [key, owner, size, start ps, end ps or None], in order
         self.open: dict[str, list] = {}         # owner -> its entry in the log while it holds a range
@@ -101,7 +101,7 @@ class ArenaMemory(Memory):
         if not self.fits(extra_bytes):
             self.blocked = None
             return False
-        chosen: list[tuple[str, str, int, int]] = []
+        chosen: list[tuple[str, str, int, int, int]] = []
         for request in requests:
             if not request.size:
                 continue
@@ -109,13 +109,13 @@ class ArenaMemory(Memory):
                 start = self.placement.offsets[request.key]
                 end = start + request.size
                 holder = self.ranges.holder(start, end) or next(
-                    (owner for owner, _, s, e in chosen if s < end and start < e), None)
+                    (owner for owner, _, s, e, _ in chosen if s < end and start < e), None)
                 if holder is not None:
                     self.blocked = {"allocation": request.key, "range": [start, end], "held_by": holder}
                     return False
             else:
                 size = -(-request.size // ALIGN) * ALIGN
-                for owner, _, s, e in chosen:     # ranges this item takes already: in the arena for the search
+                for owner, _, s, e, _ in chosen:  # ranges this item takes already: in the arena for the search
                     self.ranges.take(owner, s, e)
                 start = self.ranges.find(size, self.allocator)
                 for owner, *_ in chosen:
@@ -124,7 +124,7 @@ class ArenaMemory(Memory):
                     self.blocked = {"allocation": request.key, "fragmented": True}
                     return False
                 end = start + size
-            chosen.append((request.owner, request.key, start, end))
+            chosen.append((request.owner, request.key, start, end, request.size))
         self.pending = chosen
         self.blocked = None
         return True
@@ -139,9 +139,9 @@ class ArenaMemory(Memory):
         return self._place(self.start_of.get(tid, []), nbytes)
 
     def allocate(self, tensors, extra: int, now: int) -> None:
-        for owner, key, start, end in self.pending:
+        for owner, key, start, end, size in self.pending:
             self.ranges.take(owner, start, end)
-            entry = [key, owner, end - start, now, None]
+            entry = [key, owner, size, now, None]     # the bytes asked: R51's rounding is the allocator's
             self.log.append(entry)
             self.open[owner] = entry
         self.pending = []

@@ -32,33 +32,6 @@ def _run_uvm(compiled: CompiledProfile, program: Program, machine: Machine, budg
     return _UvmRun(compiled, program, machine, budget, record, names, memory).run(place=False)
 
 
-class _ItemTouch:
-    """What item k of a sequence touches, as tensor positions: what it pins (R31), what
-    it may fault (inputs, then updates, in order), what it allocates, what it updates."""
-    __slots__ = ("pins", "reads", "outputs", "updates")
-
-    def __init__(self, pins, reads, outputs, updates):
-        self.pins, self.reads, self.outputs, self.updates = pins, reads, outputs, updates
-
-
-def _touches(seq, compiled: CompiledProfile) -> list[_ItemTouch]:
-    """Per item, once per sequence (kept on it): the tensors it touches (R31)."""
-    found = getattr(seq, "_uvm_touch", None)
-    if found is not None:
-        return found
-    arrays = compiled.arrays
-    in_off, in_val, up_off, up_val = arrays[5], arrays[6], arrays[7], arrays[8]
-    index = compiled.tensor_index
-    out = []
-    for k, op in enumerate(seq.op_index):
-        updates = tuple(dict.fromkeys(up_val[up_off[op]:up_off[op + 1]]))
-        reads = tuple(dict.fromkeys(tuple(in_val[in_off[op]:in_off[op + 1]]) + updates))
-        outputs = tuple(index[t] for t in seq.allocs[k])
-        out.append(_ItemTouch(tuple(dict.fromkeys(reads + outputs)), reads, outputs, updates))
-    seq._uvm_touch = out
-    return out
-
-
 class _UvmRun(_Run):
     """One iteration of a UVM plan (R30-R37): the engine's loop, compute stream and
     streams, with managed memory (simulator/run/uvm_memory.py's UvmMemory) as the memory policy.
@@ -79,7 +52,7 @@ class _UvmRun(_Run):
             memory = UvmMemory(compiled, machine, budget, program.read_mostly, capacity, program.backing)
         self.mem = memory
         memory.samples = [(0, memory.ledger)] if record else None
-        self.touch = _touches(self.seq, compiled)
+        self.touch = self.seq.uvm.items   # R31, made by the compile (simulator/compile/uvm.py)
         self.half = machine.half_duplex
         self.h2d_free = 0                  # ps: the stream is held (a fault train, a hint) until then
         self.d2h_free = 0

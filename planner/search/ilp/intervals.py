@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from simulator.compile.compiled import link_speed
+from simulator.compile.compiled import link_speed, transfer_links
 from simulator.profile import Profile
 
 from ...core.analysis import idle_gaps, op_start_us
@@ -144,18 +144,13 @@ def recomputes(profile: Profile, budget: int, min_bytes: int = 1) -> list[Recomp
     return found
 
 
-def link_shares(hardware, tier: str, direction: str) -> dict[str, float]:
-    """Link time per us of a copy's stream time, on each link a copy to or from ``tier``
-    crosses (bytes / link bandwidth over latency + bytes / rate, taken at its bytes:
-    applied per candidate). Returns link -> bandwidth in bytes/us."""
-    pcie, ssd = hardware.pcie, hardware.ssd
-    half = pcie.duplex == "half"
-    links = {("pcie" if half else "pcie_up" if direction == "offload" else "pcie_down"):
-             (pcie.d2h_gbps if direction == "offload" else pcie.h2d_gbps) * 1e3}
-    if tier == "ssd":
-        links["ssd_write" if direction == "offload" else "ssd_read"] = \
-            (ssd.write_gbps if direction == "offload" else ssd.read_gbps) * 1e3
-    return links
+def link_shares(hardware, tier: str, direction: str) -> tuple[dict[str, float], bool]:
+    """The links a copy to or from ``tier`` crosses, as link -> bandwidth in bytes/us, and
+    whether it holds the one copy engine: the simulator's route (R17, R18,
+    ``transfer_links``). A candidate's link time per us of its stream time is bytes / link
+    bandwidth over latency + bytes / rate, taken at its bytes."""
+    _, links, uses_engine = transfer_links(hardware, direction, tier)
+    return dict(links), uses_engine
 
 
 @dataclass
@@ -350,8 +345,11 @@ class Formulation:
                 else:
                     stream = "ssd_write" if direction == "offload" else "ssd_read"
                 uses = {stream: 1.0}
+                links, uses_engine = link_shares(hw, c.tier, direction)
+                if uses_engine:
+                    uses["copy"] = 1.0     # a half-duplex machine's one copy engine, held whole
                 if with_links:
-                    uses.update({link: (c.nbytes / bw) / us for link, bw in link_shares(hw, c.tier, direction).items()})
+                    uses.update({link: (c.nbytes / bw) / us for link, bw in links.items()})
                 for s, i in enumerate(steps):
                     for what, share in uses.items():
                         index, value = loads.setdefault((i, what), ([], []))

@@ -39,8 +39,9 @@ finishing order, earliest deadline among those issued) and the fastest simulated
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
-from ...core.api import score
+from ...core.api import score, simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
 from .common import DEFAULT_GAP, DEFAULT_TIME_LIMIT, QUEUES, fix_by_relaxation, to_actions
 from .intervals import (MS, Formulation, candidates, decode, decode_chains, decode_recomputes, predicted_us, recomputes,
@@ -53,6 +54,7 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     """Build, solve, decode and judge one swap MILP; ``fallback()`` gives the heuristic draft."""
     started = time.perf_counter()
     deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
+    sim = simulator_for(profile, hardware, options)
     gap = DEFAULT_GAP if gap is None else gap
     cands = candidates(profile, hardware, budget, window, tiers)
     redo = recomputes(profile, budget) if recompute_too else []
@@ -83,7 +85,7 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
             start = form.extend(host, first.values)
             notes.update(host_only_us=first.objective / MS, host_only_gap=first.gap)
     backup = fallback()   # first, so that the time limit covers it
-    backup_result = score(profile, hardware, budget, backup.actions, backup.initial)
+    backup_result = score(sim, budget, backup.actions, backup.initial)
     left = deadline - time.perf_counter()
     limit = max(1.0, left - min(0.05 * left, 10.0))   # the rest: polishing, lowering, simulating
     options.say(f"MILP: {form.model.num_cols} columns, {form.model.num_rows} rows; solving (limit {limit:.0f} s)")
@@ -110,7 +112,7 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     steps_us = step_times(form, solution.values)
     for name in QUEUES:   # the lowering the simulator runs fastest (the first of equals)
         lowered = to_actions(profile, chosen, redone, chains, name, steps_us)
-        tried = score(profile, hardware, budget, lowered)
+        tried = score(sim, budget, lowered)
         if result is None or (tried.ok, -tried.iteration_us if tried.ok else 0) > \
                 (result.ok, -result.iteration_us if result.ok else 0):
             result, actions, queue = tried, lowered, name
@@ -124,9 +126,10 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     return Draft(actions=actions, status=solution.status, gap=solution.gap, estimate_us=estimate, notes=notes)
 
 
-def _g10(profile, hardware, budget, ssd: bool):
+def _g10(profile, hardware, budget, ssd: bool, options: RunOptions):
     from ...swap.g10 import plan_g10
-    return lambda: plan_g10(profile, hardware, budget, ssd=ssd)
+    return lambda: plan_g10(profile, hardware, budget, ssd=ssd, options=replace(DEFAULT_OPTIONS,
+                                                                                   simulator=options.simulator))
 
 
 _COMMON = (
@@ -147,12 +150,13 @@ _COMMON = (
     moves_persistent=True,
     paper="Hildebrand et al., AutoTM: Automatic Tensor Movement in Heterogeneous Memory Systems "
           "using Integer Linear Programming, ASPLOS 2020",
+    searches=True,
 )
 def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=15, ssd=True, gap=1e-3,
                 fix_above=100_000):
     tiers = ("host", "ssd") if ssd and hardware.ssd is not None else ("host",)
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=tiers, window=window, token=False,
-                           gap=gap, fallback=_g10(profile, hardware, budget_bytes, ssd and "ssd" in tiers),
+                           gap=gap, fallback=_g10(profile, hardware, budget_bytes, ssd and "ssd" in tiers, options),
                            fix_above=fix_above)
 
 
@@ -167,23 +171,26 @@ def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, win
     moves_persistent=True,
     paper="Lin et al., TMOF: tensor movement orchestration, HPCA 2023 (formulation not public: "
           "this one is written in its spirit)",
+    searches=True,
 )
 def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, token=False, gap=1e-3,
               fix_above=100_000):
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=token,
-                           gap=gap, fallback=_g10(profile, hardware, budget_bytes, False), fix_above=fix_above)
+                           gap=gap, fallback=_g10(profile, hardware, budget_bytes, False, options), fix_above=fix_above)
 
 
-def _best_of(profile, hardware, budget, names: tuple[str, ...]):
+def _best_of(profile, hardware, budget, names: tuple[str, ...], options: RunOptions):
     """The fallback: the plan of these planners the simulator runs fastest within the budget."""
     from ...core.registry import get_planner
 
     def draft():
         best = None
+        sim = simulator_for(profile, hardware, options)
         for name in names:
             spec = get_planner(name)
-            candidate = spec.func(profile, hardware, budget, **spec.resolve({}))
-            result = score(profile, hardware, budget, candidate.actions, candidate.initial)
+            candidate = spec.func(profile, hardware, budget, options=replace(DEFAULT_OPTIONS, simulator=sim),
+                                  **spec.resolve({}))
+            result = score(sim, budget, candidate.actions, candidate.initial)
             key = (not result.ok, result.iteration_us if result.ok else 0.0)
             if best is None or key < best[0]:
                 best = (key, candidate)
@@ -201,8 +208,9 @@ def _best_of(profile, hardware, budget, names: tuple[str, ...]):
     recomputes=True,
     paper="Jain et al., Checkmate, MLSys 2020 (recompute ILP); Rockmate's OffMate notes (per-step channel "
           "limits): the joint formulation here is this project's",
+    searches=True,
 )
 def plan_joint(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, gap=1e-3, fix_above=100_000):
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=False,
-                           gap=gap, fallback=_best_of(profile, hardware, budget_bytes, ("capuchin", "g10")),
+                           gap=gap, fallback=_best_of(profile, hardware, budget_bytes, ("capuchin", "g10"), options),
                            recompute_too=True, fix_above=fix_above)

@@ -22,12 +22,13 @@ from .decode import Decoded, Decoder, Problem
 
 
 class Worker:
-    """One profile, machine and budget, compiled once: chromosome -> rank."""
+    """One profile, machine and budget, compiled once (or the run's ``simulator``):
+    chromosome -> rank."""
 
-    def __init__(self, profile, hardware, budget_bytes: int):
+    def __init__(self, profile, hardware, budget_bytes: int, simulator: Simulator | None = None):
         self.profile, self.budget = profile, int(budget_bytes)
         self.decoder = Decoder(Problem(profile, hardware, budget_bytes))
-        self.simulator = Simulator(profile, hardware)
+        self.simulator = simulator or Simulator(profile, hardware)
         # both C paths built: decode to positions and score them with no Action objects
         self.positions = self.decoder.fast and fastpath.available()
 
@@ -82,8 +83,9 @@ class Evaluator:
     """Ranks batches of chromosomes: here (jobs 1), in ``jobs`` local processes, or on the
     Dask scheduler at ``dask`` (an existing cluster; needs the dask extra)."""
 
-    def __init__(self, profile, hardware, budget_bytes: int, jobs: int = 1, dask: str = ""):
-        self.local = Worker(profile, hardware, budget_bytes)
+    def __init__(self, profile, hardware, budget_bytes: int, jobs: int = 1, dask: str = "",
+                 simulator: Simulator | None = None):
+        self.local = Worker(profile, hardware, budget_bytes, simulator)
         self.jobs, self.pool, self.client = max(1, jobs), None, None
         problem = (profile, hardware, int(budget_bytes))
         if dask:

@@ -3,7 +3,7 @@ mutation, and a memory-minded starting order.
 
 A schedule is an array of op positions (profile indices) in run order. It is valid when
 every op comes after its predecessors: the producers of what it reads or updates, and
-the ops that R21 keeps before an in-place update (``CompiledProfile.order_pairs``).
+the ops that R21 keeps before an in-place update (``update_order_pairs``).
 Both operators keep a valid schedule valid, so no repair is ever needed.
 """
 from __future__ import annotations
@@ -12,8 +12,7 @@ import heapq
 
 import numpy as np
 
-from simulator.compile.compiled import compile_profile
-from simulator.profile import Profile
+from simulator.profile import Profile, update_order_pairs
 
 
 class Dag:
@@ -28,7 +27,7 @@ class Dag:
             for user in profile.consumers[tid] + profile.updaters[tid]:
                 if user != made_by:
                     preds[user].add(made_by)
-        for before, after, _, _ in compile_profile(profile).order_pairs:
+        for before, after, _ in update_order_pairs(profile):
             if before != after:
                 preds[after].add(before)
         self.n = n

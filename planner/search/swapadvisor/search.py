@@ -9,6 +9,7 @@ import numpy as np
 from simulator.api import Simulator
 from simulator.plan import Plan
 
+from ...core.api import simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, get_planner, register
 from .evaluate import Evaluator
 from .schedule import Dag, eager_order
@@ -57,8 +58,8 @@ def run_seeds(profile, hardware, budget: int, names: list[str], options: RunOpti
     for name in names:
         try:
             spec = get_planner(name)
-            draft = spec.func(profile, hardware, budget, options=RunOptions(seed=options.seed, threads=1),
-                              **spec.resolve({}))
+            seeding = RunOptions(seed=options.seed, threads=1, simulator=simulator)
+            draft = spec.func(profile, hardware, budget, options=seeding, **spec.resolve({}))
             plan = Plan(profile_name=profile.name, profile_sha256=simulator.compiled.sha256,
                         actions=tuple(draft.actions), initial=dict(draft.initial),
                         schedule=None if draft.schedule is None else tuple(draft.schedule))
@@ -211,13 +212,14 @@ def plot_history(history: History, path: str, title: str) -> None:
     recomputes=True,
     paper="Huang, Jin, Li: SwapAdvisor: Pushing Deep Learning Beyond the GPU Memory Limit via Smart Swapping, "
           "ASPLOS 2020",
+    searches=True,
 )
 def plan_swapadvisor(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, population=32, generations=200,
                      mutation_rate=0.1, patience=20, jobs=1, dask="", plot="", seeds=SEEDS):
     started = time.perf_counter()
     limit = options.time_limit if options.time_limit is not None else DEFAULT_TIME_LIMIT
     budget = int(budget_bytes)
-    evaluate = Evaluator(profile, hardware, budget, jobs, dask)
+    evaluate = Evaluator(profile, hardware, budget, jobs, dask, simulator_for(profile, hardware, options))
     try:
         names = [name.strip() for name in seeds.split(",") if name.strip()]
         hall, failed = run_seeds(profile, hardware, budget, names, options, evaluate.local.simulator)
