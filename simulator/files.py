@@ -153,7 +153,7 @@ def read_document(path: str | os.PathLike, formats: tuple[str, ...] = ("json", "
     is_yaml = lower.endswith((".yaml", ".yml")) and "yaml" in formats
     raw = read_bytes(path, yaml_file=is_yaml)
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")   # a byte-order mark, as editors and spreadsheets may save it, is not text
     except UnicodeDecodeError as exc:
         raise InputError(name, f"byte {exc.start}", "not valid UTF-8 text") from None
     del raw  # a large file: do not hold its bytes and its text at once
@@ -442,7 +442,9 @@ def check_output_folder(folder: str | os.PathLike, option: str, writes, inputs=(
     ``subfolders``): InputError when an input is a file the command may write there.
     ``writes(relative)`` says whether the command writes the file at the relative path
     (a Path) inside ``folder``; an input is caught by its resolved path, or as the file
-    a hard or symbolic link there names."""
+    a hard or symbolic link there names; and when ``folder`` exists and is not a folder."""
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        raise InputError(str(folder), option, "is not a folder")
     inputs = [(what, path) for what, path in inputs if path and _file_id(path) is not None]
     if not inputs:
         return

@@ -11,6 +11,7 @@ from planner.core.checkpoint import droppable, recompute_plan, segment_of
 from planner.core.registry import RunOptions
 from planner.recompute.checkmate import Formulation, build_graph, group, lower, recomputable
 from planner.recompute.chen import plan_chen
+from simulator.api import Simulator
 from simulator.catalog import open_profile
 from simulator.hardware import load_hardware
 from simulator.plan import plan_json
@@ -51,7 +52,7 @@ def brute_force(profile, budget):
     found = []
     for k in range(len(cands) + 1):
         for subset in itertools.combinations(cands, k):
-            result = score(profile, HW, budget, recompute_plan(profile, {t: 0 for t in subset}, lazy=True))
+            result = score(Simulator(profile, HW), budget, recompute_plan(profile, {t: 0 for t in subset}, lazy=True))
             if result.ok:
                 found.append((result.iteration_us, set(subset)))
     if not found:
@@ -202,7 +203,7 @@ def test_the_lowering_refuses_a_tensor_read_while_dropped_and_lowers_single_reco
     drops = [a.tensor for a in actions if a.kind == "drop"]
     assert sorted(drops) == sorted(recomputed_ids := [a.tensor for a in actions if a.kind == "recompute"])
     assert len(set(recomputed_ids)) == len(recomputed_ids) == 5      # a1..a5 (l and a6 are kept: no gain)
-    result = score(profile, HW, profile.peak_bytes, actions)
+    result = score(Simulator(profile, HW), profile.peak_bytes, actions)
     assert result.ok and result.recomputes == 5
 
 

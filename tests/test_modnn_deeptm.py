@@ -14,6 +14,7 @@ from planner.core.api import make_plan, score
 from planner.search.deeptm import aggregate, heat
 from planner.swap.modnn import smallest_cover
 from planner.core.registry import RunOptions, get_planner
+from simulator.api import Simulator
 from simulator.catalog import open_profile
 from simulator.errors import InfeasibleError
 from simulator.hardware import load_hardware
@@ -69,9 +70,9 @@ def test_modnn_offloads_the_smallest_set_then_takes_the_fastest_variant_that_fit
         {("a", "x", "q"), ("b", "x", "q")}
     # huge never fits (x alone would need 100 + 10 + 5,000 B); fast fits the 1,000 B freed
     assert plan.variants == {"x": "fast"}
-    default = score(profile, hw, 2000, plan.actions)
+    default = score(Simulator(profile, hw), 2000, plan.actions)
     assert default.ok and result.iteration_us == default.iteration_us - 500
-    assert not score(profile, hw, 2000, plan.actions, variants={"x": "huge"}).ok
+    assert not score(Simulator(profile, hw), 2000, plan.actions, variants={"x": "huge"}).ok
 
 
 def test_modnn_without_variants_is_offload_on_failure():
@@ -144,7 +145,7 @@ def test_deeptm_groups_adjacent_transfers_and_the_grouped_plan_is_faster():
     groups = {a.group for a in plan.actions}
     assert None not in groups and len(groups) == 2      # one offload group, one prefetch group
     assert sorted(a.tensor for a in plan.actions if a.kind == "offload") == [f"a{k}" for k in range(8)]
-    ungrouped = score(profile, hw, 2000, [replace(a, group=None) for a in plan.actions])
+    ungrouped = score(Simulator(profile, hw), 2000, [replace(a, group=None) for a in plan.actions])
     assert ungrouped.ok and result.iteration_us < ungrouped.iteration_us
     # the offloads: 850 us instead of 1,200 us, and so the prefetches (350 us saved each)
     assert ungrouped.iteration_us - result.iteration_us == pytest.approx(700.0)

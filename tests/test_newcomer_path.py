@@ -79,3 +79,16 @@ def test_budgets_a_machine_caps_are_compared_once_with_one_note():
     budgets = [c.budget for c in cells if c.planner == "none"]
     assert budgets == ["90%", "20GiB"] and all(c.capped for c in cells if c.budget == "90%")
     assert len(notes) == 1 and "90%, 70%, 50%" in notes[0] and "compared once" in notes[0]
+
+
+def test_a_profile_saved_with_a_byte_order_mark_reads_and_compare_refuses_a_file_as_its_folder(tmp_path):
+    profile = tmp_path / "p.json"
+    assert run("synth", "mlp", "--layers", "2", "-o", str(profile)).exit_code == 0
+    marked = tmp_path / "bom.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + profile.read_bytes())
+    assert json.loads(run("info", str(marked), "--json").output)["name"] == \
+        json.loads(run("info", str(profile), "--json").output)["name"]
+    result = CliRunner().invoke(app, ["compare", str(profile), "--planners", "lms", "--budgets", "90%", "--out",
+                                      str(profile)], obj={"debug": False})
+    assert result.exit_code == 2 and result.stderr.strip().count("\n") == 0 and "is not a folder" in result.stderr
+    assert result.stdout == ""

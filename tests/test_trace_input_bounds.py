@@ -202,6 +202,15 @@ def test_parameters_are_counted_after_the_build(tmp_path, monkeypatch):
 
 
 @needs_torch
+def test_a_traced_step_past_the_format_names_the_config(tmp_path):
+    from tracer.torch_trace import trace
+    with pytest.raises(InputError) as info:   # within the byte bound, but an op of 10^16 us
+        trace(hf_config=write_config(tmp_path, max_position_embeddings=10**12), seq=10**11)
+    assert (info.value.file, info.value.where) == ("<argument>", "hf-config")
+    assert "does not fit a profile" in info.value.problem and "(R23)" in info.value.problem
+
+
+@needs_torch
 def test_density_refuses_weights_the_machine_cannot_hold_before_the_trace(tmp_path, monkeypatch):
     from tracer import density
     from tracer.torch_trace import trace
