@@ -65,13 +65,12 @@ def case(sim: Simulator, planner: str, repeat: int) -> None:
         print(f"{label} the C UVM run is not built", flush=True)
         return
     program = compile_program(profile, compiled, plan, machine)
-    assert fastuvm.run(compiled, program, machine, budget) is not None, "the C run did not apply"
+    assert fastuvm.applies(program, machine, budget), "the C run does not apply"
     whole = median_ms(lambda: sim.score(plan, budget), repeat)
     slow = median_ms(reference_only(lambda: sim.score(plan, budget)), max(5, repeat // 10))
     print(f"{label} score median {whole:7.3f} ms with C, {slow:7.2f} ms reference ({slow / whole:.1f}x)", flush=True)
     check = median_ms(lambda: check_plan(plan, profile, machine.has_ssd, machine.cpu is not None), repeat)
     compile_ms = median_ms(lambda: compile_program(profile, compiled, plan, machine), repeat)
-    fastuvm.pack(compiled, program, machine)      # the sequence's arrays are kept on it from the first plan on
     pack = median_ms(lambda: fastuvm.pack(compiled, program, machine), repeat)
     packed = fastuvm.pack(compiled, program, machine)
     run = median_ms(lambda: fastuvm._fastuvm.run(*packed, budget), repeat)

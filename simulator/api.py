@@ -88,7 +88,11 @@ class Simulator:
             program = compile_program(self.profile, self.compiled, plan, self.machine)
         except PlanInvalid as exc:
             return invalid_result(exc, budget, self.compiled)
-        result = fastuvm.run(self.compiled, program, self.machine, budget)
+        result = None
+        if fastuvm.applies(program, self.machine, budget):
+            result = fastuvm.run(self.compiled, program, self.machine, budget)
+        else:
+            fastuvm.counts["reference"] += 1
         return result if result is not None else run_program(self.compiled, program, self.machine, budget)
 
     def _reference(self, plan: Plan, budget: int, record: bool, allocator: str | None = None) -> Result:

@@ -196,6 +196,7 @@ def test_gpt2_uvm_and_deepum_at_half_the_peak_run_in_c():
     for planner in ("uvm", "deepum"):
         plan, budget = _plan("gpt2-b48-s1024", A100, 50, planner)
         program = compile_program(profile, sim.compiled, plan, sim.machine)
+        assert fastuvm.applies(program, sim.machine, budget)
         result = fastuvm.run(sim.compiled, program, sim.machine, budget)
         assert result is not None and result.ok
         assert result.to_dict() == sim.simulate(plan, budget, reference=True).to_dict()

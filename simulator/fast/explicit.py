@@ -15,7 +15,7 @@ from array import array
 from ..compile.compiled import CompiledProfile, Machine
 from ..plan import Plan
 from ..result import Result, Score
-from ..run.engine import Blocked, describe
+from ..run.state import Blocked, describe
 from ..units import MAX_COUNT, ps_to_us
 
 try:

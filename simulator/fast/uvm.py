@@ -6,8 +6,8 @@ runs the two iterations of R36 in C, which does what simulator/run/uvm.py's ``_U
 simulator/run/uvm_memory.py's ``UvmMemory``, in the same order and with the same integer arithmetic. The Result is built
 here exactly as ``_UvmRun._fill`` builds it, times converted with ``ps_to_us``.
 
-The C code covers full-duplex PCIe with host backing. ``run`` returns None where it
-does not apply, and the caller runs the Python reference: SSD backing with its page cache
+The C code covers full-duplex PCIe with host backing: ``applies`` says so, and
+simulator/api.py (the one place that picks a path) runs the Python reference elsewhere: SSD backing with its page cache
 (R35), half-duplex PCIe, a caching allocator's pool (R38), and a run whose times would
 pass 2^61 ps or whose byte counts could pass 2^61 (codecs need no case: compile_uvm
 finds them invalid in UVM mode).
@@ -21,7 +21,7 @@ from collections import Counter
 from ..compile.compiled import LINKS, PCIE_DOWN, PCIE_UP, CompiledProfile, Machine
 from ..compile.program import Drop, Program
 from ..result import Result
-from ..run.engine import Blocked, describe
+from ..run.state import Blocked, describe
 from ..units import ps_to_us
 
 try:
@@ -43,10 +43,18 @@ def available() -> bool:
     return _fastuvm is not None and getattr(_fastuvm, "ABI", None) == ABI
 
 
+def applies(program: Program, machine: Machine, budget: int) -> bool:
+    """Whether the C run covers this UVM program: full-duplex PCIe, host backing, no
+    caching allocator, and byte counts that stay below 2^61 (simulator/api.py asks)."""
+    bound = program.seq.uvm.bound
+    return not (machine.half_duplex or program.backing != "host" or machine.uvm.caching or budget > 2 * _LIMIT
+                or bound * (len(program.seq) + len(program.transfers) + 4) >= _LIMIT)
+
+
 def run(compiled: CompiledProfile, program: Program, machine: Machine, budget: int) -> Result | None:
-    """``run_program`` of a compiled UVM program in C; None where C does not apply."""
-    packed = pack(compiled, program, machine) if budget <= 2 * _LIMIT else None
-    out = _fastuvm.run(*packed, budget) if packed is not None else (UNSUPPORTED,)
+    """``run_program`` of a compiled UVM program in C, where ``applies``; None when its
+    times would pass 2^61 ps (the caller then runs the reference)."""
+    out = _fastuvm.run(*pack(compiled, program, machine), budget)
     if out[0] not in (OK, INFEASIBLE):
         counts["reference"] += 1
         return None
@@ -54,14 +62,10 @@ def run(compiled: CompiledProfile, program: Program, machine: Machine, budget: i
     return _result(compiled, machine, program, budget, out)
 
 
-def pack(compiled: CompiledProfile, program: Program, machine: Machine) -> tuple | None:
+def pack(compiled: CompiledProfile, program: Program, machine: Machine) -> tuple:
     """The arguments of ``_fastuvm.run`` but the budget: the sequence's arrays (made by
-    the compile), the program's, the tensors' and the machine's; None where C does not apply."""
-    touches = program.seq.uvm     # the sequence's arrays (simulator/compile/uvm.py)
-    arrays, bound = touches.arrays, touches.bound
-    if (machine.half_duplex or program.backing != "host" or machine.uvm.caching
-            or bound * (len(program.seq) + len(program.transfers) + 4) >= _LIMIT):
-        return None
+    the compile), the program's, the tensors' and the machine's."""
+    arrays = program.seq.uvm.arrays     # the sequence's arrays (simulator/compile/uvm.py)
     uvm = machine.uvm
     packed_machine = (uvm.block, uvm.fault_latency_ps, uvm.batch_blocks, machine.link_capacity[PCIE_DOWN],
                       machine.link_capacity[PCIE_UP], machine.route("prefetch", "host").latency_ps,

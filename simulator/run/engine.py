@@ -8,10 +8,11 @@ C fast path (simulator/fast/explicit.py) must agree with it exactly; tests compa
 two. ``simulator.api`` is the entry (``simulate`` for one plan, ``Simulator`` to compile
 a profile and a machine once and score many plans). The engine knows nothing of planners.
 
-Plans in UVM mode (R30-R37: ``"memory": "uvm"``) run on the same loop with managed
+Plans in UVM mode (R30-R37: ``"memory": "uvm"``) have their own run with managed
 memory as the memory policy (simulator/run/uvm.py's ``_UvmRun``, with
 simulator/run/uvm_memory.py): two iterations, faults and evictions instead of explicit
-copies.
+copies. What both runs share (streams, links, enqueueing, the common figures, ``Blocked``)
+is simulator/run/state.py's ``RunState``.
 
 Time is integer picoseconds (R3). One compute stream runs the items of the compute
 sequence in order (R5, R6); the streams ``h2d``, ``d2h``, ``ssd_read`` and ``ssd_write``
@@ -22,18 +23,17 @@ start, then the waiting transfers in enqueue order (R9).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..compile.arena import allocation_keys
-from ..compile.compiled import LINKS, STREAMS, CompiledProfile, Machine
+from ..compile.compiled import CompiledProfile, Machine
 from ..compile.program import Drop, PlanInvalid, Program, Transfer
 from ..errors import InputError
 from ..hardware import Hardware
 from ..plan import Plan
-from ..result import Result, Span, Timeline
+from ..result import Result, Span
 from ..units import ps_to_us
 from .arena import ArenaMemory
-from .resources import Links, Memory, Stream, Tiers
+from .resources import Memory, Tiers
+from .state import Blocked, RunState, _Infeasible
 
 
 def resolve_budget(budget_bytes: int | None, plan: Plan, hardware: Hardware) -> int:
@@ -57,70 +57,6 @@ def check_budget(budget: int, hardware: Hardware) -> int:
     return budget
 
 
-# ----------------------------------------------------------------------------- infeasible
-
-
-@dataclass
-class Blocked:
-    """Why a valid plan cannot go on (R10, R19): what waits, for how many bytes."""
-    rule: str
-    what: str                 # op | recompute | prefetch (waits for room) | stuck | start | capacity
-    item: int                 # the compute head (-1: none, or at start)
-    tensor: str | None
-    needed: int
-    free: int
-    residents: list[dict]
-    tier: str | None = None   # capacity: the tier
-    after: str | None = None  # capacity: the offload's after op; stuck / prefetch: the transfer's kind
-    arena: dict | None = None  # R50, R51: the allocation that waits, and who holds its range (or fragmented)
-
-
-def describe(blocked: Blocked, op: str | None) -> tuple[str | None, str, dict]:
-    """(op, reason, blocked dict) of an infeasible result whose compute head is ``op``:
-    the same text from the reference and the C path."""
-    shown = ", ".join(f"{r['tensor']} ({r['bytes']} B)" for r in blocked.residents) or "none"
-    if blocked.what == "capacity":
-        op = blocked.after
-        reason = (f"{blocked.tier} capacity exceeded: {blocked.needed} bytes needed, {blocked.free} available")
-        return op, reason, {"tier": blocked.tier}
-    if blocked.what == "arena":
-        reason = (f"the placement's arena ({blocked.needed} bytes) is larger than the budget ({blocked.free} "
-                  "bytes)")
-        return None, reason, {"arena_bytes": blocked.needed, "budget_bytes": blocked.free}
-    if blocked.what == "start":
-        what = f"at start: persistent tensor {blocked.tensor!r} does not fit"
-    elif blocked.what == "op":
-        what = f"op {op!r} waits for memory"
-    elif blocked.what == "alone":   # UVM mode (R32): not even evicting every unpinned block makes room
-        what = f"op {op!r} alone does not fit, with every unpinned block evicted (R32)"
-    elif blocked.what == "recompute":
-        what = f"recompute of {blocked.tensor!r} before {op!r} waits for memory"
-    elif blocked.what == "prefetch":
-        what = f"the prefetch of {blocked.tensor!r} waits for memory" + (f" (op {op!r} waits)" if op else "")
-    else:
-        what = f"the {blocked.after} of {blocked.tensor!r} cannot start" + (f" (op {op!r} waits)" if op else "")
-    reason = f"{what}: needs {blocked.needed} bytes, {blocked.free} free; largest residents: {shown}"
-    extra = {}
-    if blocked.arena is not None:        # R50, R51
-        extra = dict(blocked.arena)
-        if "held_by" in extra:
-            start, end = extra["range"]
-            reason += f"; allocation {extra['allocation']!r} at [{start}, {end}) is held by {extra['held_by']!r}"
-        elif blocked.needed <= blocked.free:
-            reason += (f"; allocation {extra['allocation']!r} finds no free range (fragmented: enough bytes are "
-                       "free, in pieces)")
-        else:                              # short of bytes, not of a range
-            extra.pop("fragmented", None)
-    return op, reason, {"waiting": what, "needed_bytes": blocked.needed, "free_bytes": blocked.free,
-                        "largest_residents": blocked.residents, **extra}
-
-
-class _Infeasible(Exception):
-    def __init__(self, blocked: Blocked):
-        super().__init__(blocked.what)
-        self.blocked = blocked
-
-
 # ----------------------------------------------------------------------------- the run
 
 
@@ -134,22 +70,13 @@ def allocation_lifetimes(compiled: CompiledProfile, program: Program, machine: M
     return result, run.memory.log
 
 
-class _Run:
-    """The run state of one simulation; ``run`` drives it to the end of the iteration."""
+class _Run(RunState):
+    """One iteration of an explicit-mode plan: byte-counted GPU memory (or an arena, R50,
+    R51), host and SSD tiers, and the loop that drives it to the end (``run``)."""
 
     def __init__(self, compiled: CompiledProfile, program: Program, machine: Machine, budget: int,
                  record: bool, names, allocator: str | None = None, arena_bytes: int | None = None):
-        self.compiled = compiled
-        self.program = program
-        self.seq = program.seq
-        self.transfers = program.transfers
-        self.now = 0
-        n = len(program.transfers)
-        self.enqueued_at = [-1] * n       # enqueue order (R1, R9)
-        self.start = [-1] * n
-        self.latency_until: dict[int, int] = {}   # transfer -> ps its latency ends, while it waits it
-        self.ended = [False] * n
-        self.enqueue_count = 0
+        super().__init__(compiled, program, machine, record, names)
         nbytes = compiled.tensor_bytes if not program.buffer_bytes else {**compiled.tensor_bytes,
                                                                           **program.buffer_bytes}
         if program.placement is not None or allocator is not None:   # R50, R51: address ranges
@@ -160,47 +87,10 @@ class _Run:
         else:
             self.memory = Memory(budget, nbytes)          # with the encoded buffers of codecs (R41, R42)
         self.tiers = Tiers({"host": machine.host_bytes, "ssd": machine.ssd_bytes}, compiled.tensor_bytes)
-        self.links = Links(machine.link_capacity)
-        self.link_bytes = [0] * len(LINKS)
-        self.streams = [Stream(name) for name in STREAMS]
-        self.engine_holder: int | None = None   # half duplex: the transfer holding the copy engine
-        self.pending_offloads: dict[str, int] = {}   # tensor -> offloads enqueued or copying (R7)
-        self.dead_pending: set[str] = set()
-        # the compute stream (GPU items only) and the CPU stream (R24)
-        self.on_cpu = program.on_cpu
-        self.done = bytearray(len(self.seq))
-        self.head = self._next_gpu_item(0)
-        self.cpu_items = sorted(program.on_cpu)
-        self.cpu_pos = 0
-        self.cpu_running_until: int | None = None
-        self.cpu_busy_ps = 0
-        self.last_cpu_end = 0
-        self.running_until: int | None = None
-        self.ready_at = 0                  # when the head's predecessor ended
-        self.data_ready_at: int | None = None
-        self.last_compute_end = 0
-        self.last_transfer_end = 0
-        self.compute_ps = 0
-        self.recompute_ps = 0
-        self.codec_ps = 0
-        self.stall_data = 0
-        self.stall_memory = 0
-        self.stall_by_op: dict[str, list[int]] = {}
-        # the timeline
-        self.record = record
-        self.names = names
-        self.spans: list[Span] = []
         if record:
             self.memory.samples = [(0, 0)]
-            self.links.samples = [(0, (0,) * len(LINKS))]
 
     # ------------------------------------------------------------------ completions
-
-    def _next_gpu_item(self, k: int) -> int:
-        """The first item at or after k that runs on the GPU."""
-        while k < len(self.seq) and k in self.on_cpu:
-            k += 1
-        return k
 
     def _item_end(self) -> None:
         """R7: workspace, last-use frees, offload releases, then the actions after the op."""
@@ -241,19 +131,6 @@ class _Run:
                 self.memory.free(action.tensor, now)   # R14: at once
             else:
                 self._enqueue(action)
-
-    def _group(self, transfer: Transfer) -> tuple:
-        """The transfer and the members of the group it leads (R53)."""
-        return (transfer,) + tuple(self.transfers[m] for m in transfer.members) if transfer.members else (transfer,)
-
-    def _enqueue(self, transfer: Transfer) -> None:
-        self.enqueued_at[transfer.index] = self.enqueue_count
-        self.enqueue_count += 1
-        self.streams[transfer.route.stream].queue.append(transfer.index)
-        for member in self._group(transfer):       # R53: a group queues as one transfer
-            self.enqueued_at[member.index] = self.enqueued_at[transfer.index]
-            if member.kind == "offload":
-                self.pending_offloads[member.tensor] = self.pending_offloads.get(member.tensor, 0) + 1
 
     def _transfer_end(self, j: int) -> None:
         transfer, now = self.transfers[j], self.now
@@ -482,13 +359,6 @@ class _Run:
                 or any(s.queue for s in self.streams)):
             raise _Infeasible(self._stuck())
 
-    def _infeasible(self, result: Result, exc: _Infeasible) -> None:
-        result.feasible = False
-        result.rule = exc.blocked.rule
-        result.tensor = exc.blocked.tensor
-        item = exc.blocked.item
-        result.op, result.reason, result.blocked = describe(exc.blocked, self.seq.group[item] if item >= 0 else None)
-
     def _place_at_start(self) -> None:
         """R10, R19: persistent tensors on the GPU in profile order; initial copies take
         their tier's space from time 0."""
@@ -541,61 +411,20 @@ class _Run:
         return Blocked("R10", "stuck", item, tensor, 0, free, memory.largest(), after="wait")
 
     def _fill(self, result: Result) -> None:
-        end = max(self.last_compute_end, self.last_cpu_end, self.last_transfer_end, self.now if not result.ok else 0)
-        machine_links = self.links.capacity
-        result.iteration_us = ps_to_us(end)
-        result.overhead = end / self.compiled.ideal_ps - 1.0 if self.compiled.ideal_ps > 0 else 0.0
-        result.compute_us = ps_to_us(self.compute_ps)
-        result.recompute_us = ps_to_us(self.recompute_ps)
-        result.cpu_us = ps_to_us(self.cpu_busy_ps)
-        result.codec_us = ps_to_us(self.codec_ps)
-        result.lossy_tensors = list(self.program.lossy)
-        result.stall_data_us = ps_to_us(self.stall_data)
-        result.stall_memory_us = ps_to_us(self.stall_memory)
-        result.stall_us = ps_to_us(self.stall_data + self.stall_memory)
-        result.tail_us = ps_to_us(max(0, end - self.last_compute_end))
+        self._fill_common(result)
         result.peak_bytes = self.memory.peak
         result.peak_at_us = ps_to_us(self.memory.peak_at)
         if isinstance(self.memory, ArenaMemory):      # R50, R51
             result.arena_bytes = self.memory.arena_bytes
             extent = self.memory.ranges.extent
             result.fragmentation = extent / self.memory.peak if self.memory.peak else 1.0
-        streams = self.streams
-        # R18: a link's bytes; an SSD copy counts on its PCIe direction and on the SSD
-        result.bytes_h2d, result.bytes_d2h, result.bytes_ssd_read, result.bytes_ssd_write = self.link_bytes
-        result.busy_us = {"compute": result.compute_us, **{s.name: ps_to_us(s.busy_ps) for s in streams}}
-        result.link_bytes = dict(zip(LINKS, self.link_bytes))
-        result.link_utilisation = {name: (nbytes * 10**12 / (cap * end) if end else 0.0)
-                                   for name, nbytes, cap in zip(LINKS, self.link_bytes, machine_links)}
-        result.progress = sum(self.done) / len(self.seq) if len(self.seq) else 1.0
         result.host_peak_bytes = self.tiers.peak["host"]
         result.ssd_peak_bytes = self.tiers.peak["ssd"]
-        result.stall_by_op = {op: {"data_us": ps_to_us(d), "memory_us": ps_to_us(m)}
-                              for op, (d, m, *_) in self.stall_by_op.items()}
         if self.record:
-            self.spans.sort(key=lambda s: (s.start_us, s.track))
-            result.timeline = Timeline(
-                spans=self.spans, memory=[(ps_to_us(t), b) for t, b in self.memory.samples],
-                budget_bytes=self.memory.budget, phases=_phases(self.spans),
-                link_rates=[(ps_to_us(t), dict(zip(LINKS, rates))) for t, rates in self.links.samples],
-                link_capacity=dict(zip(LINKS, machine_links)))
+            self._timeline(result, self.memory.samples, self.memory.budget)
 
 
 def invalid_result(exc: PlanInvalid, budget: int, compiled: CompiledProfile) -> Result:
     """The result of a plan that breaks a rule."""
     return Result(valid=False, feasible=False, rule=exc.rule, op=exc.op, tensor=exc.tensor, reason=exc.reason,
                   budget_bytes=budget, ideal_us=ps_to_us(compiled.ideal_ps), progress=0.0)
-
-
-def _phases(spans: list[Span]) -> list[tuple[str, float, float]]:
-    """Contiguous runs of one phase on the compute track."""
-    out: list[list] = []
-    for span in spans:
-        if span.track != "compute":
-            continue
-        phase = span.args.get("phase", "other")
-        if out and out[-1][0] == phase:
-            out[-1][2] = span.end_us
-        else:
-            out.append([phase, span.start_us, span.end_us])
-    return [tuple(p) for p in out]

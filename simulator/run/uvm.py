@@ -1,7 +1,8 @@
 """UVM mode in time (R30-R38 of docs/simulation.md): ``_UvmRun``, one iteration of a UVM
-plan on the explicit run's loop (simulator/run/engine.py ``_Run``) with managed memory
-(simulator/run/uvm_memory.py's UvmMemory) as the memory policy, and ``_run_uvm``, R36's
-two back-to-back iterations. The static rules are simulator/compile/uvm.py's.
+plan with managed memory (simulator/run/uvm_memory.py's UvmMemory) as the memory policy,
+on the run state both runs share (simulator/run/state.py ``RunState``: streams, links,
+enqueueing, the common figures) with its own loop, and ``_run_uvm``, R36's two
+back-to-back iterations. The static rules are simulator/compile/uvm.py's.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from ..compile.compiled import (D2H, H2D, PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD
 from ..compile.program import Drop, Program, Transfer
 from ..result import Result, Span
 from ..units import ps_to_us
-from .engine import Blocked, _Infeasible, _Run
+from .state import Blocked, RunState, _Infeasible
 from .uvm_memory import UvmMemory, fault_schedule, fault_schedule_half
 
 
@@ -32,9 +33,9 @@ def _run_uvm(compiled: CompiledProfile, program: Program, machine: Machine, budg
     return _UvmRun(compiled, program, machine, budget, record, names, memory).run(place=False)
 
 
-class _UvmRun(_Run):
-    """One iteration of a UVM plan (R30-R37): the engine's loop, compute stream and
-    streams, with managed memory (simulator/run/uvm_memory.py's UvmMemory) as the memory policy.
+class _UvmRun(RunState):
+    """One iteration of a UVM plan (R30-R37): the shared compute stream and copy streams,
+    with managed memory (simulator/run/uvm_memory.py's UvmMemory) as the memory policy.
 
     A compute item that could start (R6) pins what it touches and has its room decided
     at once (``_decide``): the blocks it faults, the evictions that make room, and when
@@ -44,7 +45,7 @@ class _UvmRun(_Run):
 
     def __init__(self, compiled: CompiledProfile, program: Program, machine: Machine, budget: int, record: bool,
                  names, memory: UvmMemory | None):
-        super().__init__(compiled, program, machine, budget, record, names)
+        super().__init__(compiled, program, machine, record, names)
         if memory is None:
             # R19, R35: the backing tier is host memory, or with SSD backing the file on the SSD (host memory
             # then holds only the page cache, which fits in it)
@@ -654,7 +655,7 @@ class _UvmRun(_Run):
             self.link_bytes[SSD_WRITE_LINK] += cache.written
             self.streams[SSD_WRITE].busy_ps += cache.write_busy
             self.last_transfer_end = max(self.last_transfer_end, cache.ssd_free)
-        super()._fill(result)
+        self._fill_common(result)
         result.recomputes = 0
         result.stall_us = ps_to_us(self.stall_data + self.stall_memory + self.stall_fault)
         result.stall_fault_us = ps_to_us(self.stall_fault)
@@ -666,5 +667,5 @@ class _UvmRun(_Run):
         result.evictions, result.writeback_bytes = mem.evictions, mem.writeback_bytes
         result.stall_by_op = {op: {"data_us": ps_to_us(d), "memory_us": ps_to_us(m), "fault_us": ps_to_us(f)}
                               for op, (d, m, f) in self.stall_by_op.items()}
-        if self.record and result.timeline is not None:
-            result.timeline.memory = [(ps_to_us(t), b) for t, b in mem.samples]
+        if self.record:
+            self._timeline(result, mem.samples, mem.budget)
