@@ -9,35 +9,26 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
 
 import click
 
 from simulator import catalog
-from simulator.errors import InputError, SwapplanError, shorten
+from simulator.errors import InputError, SwapplanError
 from simulator.files import check_output_folder, check_outputs
 from simulator.hardware import load_hardware, load_presets
 from simulator.plan import load_plan
 from simulator.units import format_bytes, format_us
 
-from cli_text import (out_of_memory_line, print_comparison, print_hardware, print_planners, print_profiles,
-                      print_replay, print_result, print_train, table)
+from cli_errors import OneLineErrors, one_line as _one_line
+from cli_text import (print_comparison, print_hardware, print_planners, print_profiles, print_replay, print_result,
+                      print_train, table)
 
-EXIT_BAD_INPUT = 2
-EXIT_INTERNAL = 3
 
 
 def _echo_json(data) -> None:
     # allow_nan=False: a NaN or infinity is a bug to report (exit 3), never invalid JSON.
     click.echo(json.dumps(data, indent=2, sort_keys=False, allow_nan=False))
-
-
-def _one_line(text: str) -> str:
-    """A message as one printable line: whitespace collapsed, long values shortened,
-    characters that cannot be encoded (a lone surrogate) escaped."""
-    text = shorten(" ".join(str(text).split()))
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _note(text: str) -> None:
@@ -61,68 +52,7 @@ def _profile_input(spec):
         return spec
 
 
-class _Group(click.Group):
-    """Turns swapplan's errors, and click's usage errors, into one line and an exit status."""
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except click.ClickException as exc:  # a usage error: one line, not click's three
-            if type(exc).__name__ == "NoArgsIsHelpError":  # `swapplan` alone: the help, as before
-                exc.show()
-                sys.exit(exc.exit_code)
-            ctx = getattr(exc, "ctx", None)
-            command = ctx.command_path if ctx is not None else (prog_name or "swapplan")
-            hint = f" (see '{command} --help')" if isinstance(exc, click.UsageError) else ""
-            click.echo(f"error: {command}: {_one_line(exc.format_message()).rstrip('.')}{hint}", err=True)
-            sys.exit(exc.exit_code)
-        except click.exceptions.Abort:
-            click.echo("aborted", err=True)
-            sys.exit(1)
-        sys.exit(code if isinstance(code, int) else 0)
-
-    def invoke(self, ctx: click.Context):
-        def debug() -> bool:  # read late: the group's own --debug is parsed inside super().invoke
-            return bool(ctx.obj and ctx.obj.get("debug"))
-
-        try:
-            return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
-            raise
-        except SwapplanError as exc:
-            if debug():
-                traceback.print_exc()
-            message = exc.line() if isinstance(exc, InputError) else str(exc)
-            click.echo("error: " + _one_line(message), err=True)
-            ctx.exit(EXIT_BAD_INPUT)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            ctx.exit(130)
-        except BrokenPipeError:  # `swapplan ... | head`: the reader has gone, say nothing
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            ctx.exit(0)
-        except MemoryError as exc:  # input too large for this machine: bad input, not a bug
-            traceback.clear_frames(exc.__traceback__)   # let go of what filled memory first
-            if debug():
-                traceback.print_exc()
-            click.echo("error: " + _one_line(_out_of_memory(ctx, exc)), err=True)
-            ctx.exit(EXIT_BAD_INPUT)
-        except Exception as exc:  # a bug in swapplan: say so in one line
-            if debug():
-                traceback.print_exc()
-            click.echo(_one_line(f"internal error: {type(exc).__name__}: {exc}")
-                       + " (run again with --debug for the traceback, and please report it)", err=True)
-            ctx.exit(EXIT_INTERNAL)
-
-
-def _out_of_memory(ctx: click.Context, exc: MemoryError) -> str:
-    """The one line for a MemoryError (cli_text.out_of_memory_line)."""
-    return out_of_memory_line(" ".join(p for p in (ctx.command_path, ctx.invoked_subcommand) if p), exc)
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="swapplan")
 @click.option("--debug", is_flag=True, help="On an error, print the Python traceback before the one-line "
                                               "message (the exit status stays the same). Allowed anywhere "

@@ -284,17 +284,9 @@ class UvmMemory:
             if pins[t] and not cached:
                 stash.append(heappop(heap))
                 continue
-            count = run.last - run.first
-            whole = self.run_bytes(run)
-            k = count if got + whole <= deficit else -(-(deficit - got) // block)
-            if k == count:
-                taken = whole
-                heappop(heap)
-                run.alive = False
-                if not cached:
-                    self.runs[t].remove(run)
-            else:
-                taken = k * block      # blocks below the run's last one: full ones
+            k, taken, whole = self._take(heap, run, deficit - got)
+            if whole and not cached:
+                self.runs[t].remove(run)
             if run.clean:
                 discarded += taken
             else:
@@ -323,27 +315,33 @@ class UvmMemory:
             self.host_peak = self.host
         return writes, odd, discarded, got - discarded
 
+    def _take(self, heap: list, run, wanted: int) -> tuple[int, int, bool]:
+        """R32's step of eviction and of R38's reuse: from ``run``, at the top of ``heap``,
+        the whole run if its bytes are at most ``wanted`` (or the blocks that cover
+        ``wanted`` are all of them: it then leaves the heap), else those blocks, which are
+        full ones below its last. Returns (blocks, bytes, whole)."""
+        count = run.last - run.first
+        whole = self.run_bytes(run)
+        k = count if whole <= wanted else -(-wanted // self.block)
+        if k == count:
+            heappop(heap)
+            run.alive = False
+            return k, whole, True
+        return k, k * self.block, False
+
     def reuse(self, need: int) -> tuple[int, int]:
         """R38: an item's outputs (``need`` bytes) take the pool's cached blocks on the GPU,
         least recently migrated first (R32's order), whole blocks, the last one possibly
         in part (its unused rest is freed). Returns (bytes taken, bytes of the outputs
         they hold); the ledger is the caller's. A clean block's backing copy goes."""
-        heap, block = self.cached_heap, self.block
+        heap = self.cached_heap
         got = 0
         while got < need and self.cached_total:
             run = heap[0][4]
             if not run.alive:
                 heappop(heap)
                 continue
-            count = run.last - run.first
-            whole = self.run_bytes(run)
-            k = count if got + whole <= need else -(-(need - got) // block)
-            if k == count:
-                taken = whole
-                heappop(heap)
-                run.alive = False
-            else:
-                taken = k * block
+            k, taken, _ = self._take(heap, run, need - got)
             run.first += k
             if run.clean:
                 self.host -= taken
