@@ -713,8 +713,10 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_li
 @app.command("compare")
 @click.argument("profiles", nargs=-1, required=True, metavar="PROFILE...")
 @click.option("--planners", "planner_list", default="quick", show_default=True,
-              help="Comma-separated planners; quick: one or two of each family that plan in seconds; all: "
-                   "every planner (the searching ones take up to --time-limit each) (see `swapplan planners`).")
+              help="Comma-separated planners and families (swap, recompute, swap+recompute, placement, "
+                   "compression, cpu-offload, uvm, baseline; or family:NAME); quick: one or two of each family "
+                   "that plan in seconds; all: every planner (the searching ones take up to --time-limit each) "
+                   "(see `swapplan planners`).")
 @click.option("--budgets", default="90%,70%,50%,30%", show_default=True,
               help="Comma-separated budgets: percentages of each profile's no-swap peak and/or sizes "
                    "(8GiB); capped at the GPU's memory.")
@@ -744,10 +746,9 @@ def compare_cmd(profiles, planner_list, budgets, hardware_names, time_limit, job
     from compare.progress import ProgressLine
     from compare.report import write_report
     from compare.sweep import expand_cells, run_sweep
-    from planner.core.registry import QUICK, get_planner, planners
+    from planner.core.registry import get_planner, select_planners
 
-    names = [s.name for s in planners()] if planner_list.strip() == "all" else list(QUICK) \
-        if planner_list.strip() == "quick" else [name.strip() for name in planner_list.split(",") if name.strip()]
+    names = select_planners(planner_list)
     budget_list = [b.strip() for b in budgets.split(",") if b.strip()]
     if not names or not budget_list:
         raise InputError("<argument>", "--planners" if not names else "--budgets", "is empty")

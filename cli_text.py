@@ -144,7 +144,7 @@ def print_train(r: dict) -> None:
 
 def print_comparison(rows: list[dict]) -> None:
     """Per (profile, machine): overhead by planner and budget, the best per budget marked."""
-    from compare.report import bound_text, budget_label, cell_text, grids
+    from compare.report import bound_text, budget_label, cell_text, gap_text, grids
 
     for grid in grids(rows):
         lines = []
@@ -155,6 +155,7 @@ def print_comparison(rows: list[dict]) -> None:
                 line.append(f"[bold green]{text} *[/]" if planner in grid.best.get(budget, ()) else text)
             lines.append(line)
         lines.append(["[dim]lower bound[/]"] + [f"[dim]{bound_text(grid, b)}[/]" for b in grid.budgets])
+        lines.append(["[dim]gap of the best[/]"] + [f"[dim]{gap_text(grid, b)}[/]" for b in grid.budgets])
         click.echo(f"{grid.profile} on {grid.hardware}: overhead over the ideal iteration (* best per budget)")
         table(None, ["planner"] + [budget_label(grid, b) for b in grid.budgets], lines,
                right=set(range(1, len(grid.budgets) + 1)))

@@ -22,10 +22,13 @@ OK, INFEASIBLE, INVALID = "ok", "infeasible", "invalid"
 BELOW_FLOOR, TIMEOUT, ERROR = "below-floor", "timeout", "error"
 
 # Columns of a result row, in the order results.csv writes them.
-COLUMNS = ("profile", "hardware", "planner", "params", "seed", "budget", "budget_bytes", "capped",
-           "status", "planner_status", "feasible", "iteration_us", "ideal_us", "overhead",
-           "lower_bound_us", "gap_to_bound", "bound", "peak_bytes", "bytes_pcie_down", "bytes_pcie_up",
-           "bytes_ssd_read", "bytes_ssd_write", "actions", "planning_seconds", "plan_file", "error")
+# ``family``, ``cell_bound_us`` and ``gap_to_cell_bound`` depend on the other rows of the
+# budget's column: compare.report.annotate fills them whenever the rows are written.
+COLUMNS = ("profile", "hardware", "planner", "family", "params", "seed", "budget", "budget_bytes", "capped",
+           "status", "planner_status", "fallback", "feasible", "iteration_us", "ideal_us", "overhead",
+           "lower_bound_us", "gap_to_bound", "bound", "cell_bound_us", "gap_to_cell_bound", "peak_bytes",
+           "bytes_pcie_down", "bytes_pcie_up", "bytes_ssd_read", "bytes_ssd_write", "actions", "planning_seconds",
+           "plan_file", "error")
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,10 @@ class Cell:
         return "__".join("".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in part) for part in parts) + ".json"
 
 
-class CellTimeout(Exception):
-    """The cell ran past its time limit."""
+class CellTimeout(BaseException):
+    """The cell ran past its time limit. A BaseException, as KeyboardInterrupt is, so that
+    no planner's ``except Exception`` (a seed that fails, a solver that gives up) can
+    swallow it and run on."""
 
 
 UNLIMITED_CELL_S = 900.0   # without a time limit a cell is still stopped after 15 minutes
@@ -125,6 +130,15 @@ def empty_row(cell: Cell) -> dict:
     return row
 
 
+def fallback_reason(planner_status: str | None, notes: dict | None) -> str | None:
+    """Why the plan is a fallback (the planner's ``notes.fallback``, or its status
+    ``fallback``), or None when it is the planner's own plan."""
+    why = (notes or {}).get("fallback")
+    if isinstance(why, str) and why:
+        return why
+    return "the planner fell back (status fallback)" if planner_status == "fallback" else None
+
+
 def run_cell(cell: Cell) -> tuple[dict, str | None]:
     """Plan and score one cell: (its result row, the plan as JSON text or None).
 
@@ -164,7 +178,8 @@ def run_cell(cell: Cell) -> tuple[dict, str | None]:
     result, predicted, report = planned.result, planned.plan.predicted, planned.plan.planner
     links = result.link_bytes or {}
     row.update(status=OK if result.ok else (INVALID if not result.valid else INFEASIBLE),
-               planner_status=report.status, feasible=result.ok,
+               planner_status=report.status, fallback=fallback_reason(report.status, report.notes),
+               feasible=result.ok,
                iteration_us=result.iteration_us if result.ok else None,   # a plan that stops has no time
                overhead=result.overhead if result.ok else None,
                lower_bound_us=predicted.get("lower_bound_us"), gap_to_bound=predicted.get("gap_to_bound"),

@@ -1,26 +1,59 @@
-"""What a comparison shows: per (profile, machine) a table of overhead by planner and
-budget with the best per budget marked, a chart of overhead against budget, and one HTML
-page with both. Pure functions of the result rows."""
+"""What a comparison shows: which plan, and how far from the best possible.
+
+Per (profile, machine): for each budget the planners ranked by overhead (time / ideal - 1)
+with the budget's bound (``cell_bound``), each plan's gap to it, planning time, status and
+a fallback mark; the best plan of each family per budget; and the overview table of
+overhead by planner and budget. The charts are drawn by ``compare.charts``; the HTML page
+holds everything (charts embedded) and refers to nothing outside itself. Pure functions of
+the result rows; ``annotate`` adds the per-row facts that depend on the other rows
+(``family``, ``cell_bound_us``, ``gap_to_cell_bound``) to results.json and results.csv.
+"""
 from __future__ import annotations
 
 import base64
 import html
-import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from simulator.files import write_atomic
-from simulator.units import format_bytes
+from simulator.units import format_bytes, format_us
 
-from .cells import BELOW_FLOOR, OK
+from .cells import BELOW_FLOOR, OK, fallback_reason
 
 REPORT_HTML = "report.html"
+OTHER = "other"                  # the family of a planner the registry does not know
+TOP = 12                         # bars per budget chart; the rest fold into one "+N more" line
+
+# A fixed colour per family (Okabe-Ito where it goes): the same in every chart and table.
+FAMILY_COLORS = {
+    "baseline": "#4d4d4d", "swap": "#0072b2", "recompute": "#e69f00", "swap + recompute": "#009e73",
+    "placement": "#56b4e9", "compression": "#d55e00", "CPU offload": "#cc79a7", "unified memory": "#6a3d9a",
+    OTHER: "#b3b3b3",
+}
+
+
+def family_of(planner: str) -> str:
+    """The planner's family (``planner.core.registry.FAMILIES``), ``other`` for one the
+    registry does not know."""
+    from planner.core.registry import FAMILIES, get_planner
+    from simulator.errors import InputError
+    try:
+        family = get_planner(planner).family
+    except InputError:
+        return OTHER
+    return family if family in FAMILIES else OTHER
+
+
+def family_order() -> list[str]:
+    """Families in the order ``swapplan planners`` lists them, ``other`` last."""
+    return list(FAMILY_COLORS)
 
 
 @dataclass
 class Grid:
     """One (profile, machine): its planners (rows), budgets (columns), the row of each
-    cell, the best planner per budget and the loosest lower bound per budget."""
+    cell, the best planner per budget, the cell bound per budget (``cell_bound``) and each
+    planner's family."""
     profile: str
     hardware: str
     planners: list[str]
@@ -28,13 +61,27 @@ class Grid:
     cells: dict[tuple[str, str], dict]
     best: dict[str, list[str]]
     bound: dict[str, float | None]
+    families: dict[str, str] = field(default_factory=dict)
 
     @property
     def slug(self) -> str:
         return "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in f"{self.profile}__{self.hardware}")
 
+    def budget_slug(self, budget: str) -> str:
+        """The grid's slug and the budget's, for a file name (``50%`` -> ``50pct``)."""
+        text = budget.replace("%", "pct").replace(".", "_")
+        return self.slug + "__" + "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in text)
+
     def budget_bytes(self, budget: str) -> int:
         return next(row["budget_bytes"] for (_, b), row in self.cells.items() if b == budget)
+
+    def column(self, budget: str) -> list[dict]:
+        """The rows of a budget, in planner order."""
+        return [self.cells[(p, budget)] for p in self.planners if (p, budget) in self.cells]
+
+    @property
+    def ideal_us(self) -> float | None:
+        return next((r["ideal_us"] for r in self.cells.values() if r.get("ideal_us")), None)
 
 
 def grids(rows: list[dict]) -> list[Grid]:
@@ -47,20 +94,91 @@ def grids(rows: list[dict]) -> list[Grid]:
             grid = found[key] = Grid(row["profile"], row["hardware"], [], [], {}, {}, {})
         if row["planner"] not in grid.planners:
             grid.planners.append(row["planner"])
+            grid.families[row["planner"]] = row.get("family") or family_of(row["planner"])
         if row["budget"] not in grid.budgets:
             grid.budgets.append(row["budget"])
         grid.cells[(row["planner"], row["budget"])] = row
     for grid in found.values():
         for budget in grid.budgets:
-            fits = [grid.cells[(p, budget)] for p in grid.planners
-                    if (p, budget) in grid.cells and grid.cells[(p, budget)]["status"] == OK]
+            fits = [r for r in grid.column(budget) if r["status"] == OK]
             if fits:
                 least = min(r["iteration_us"] for r in fits)
                 grid.best[budget] = [r["planner"] for r in fits if r["iteration_us"] <= least * (1 + 1e-9)]
-            bounds = [r["lower_bound_us"] for (p, b), r in grid.cells.items()
-                      if b == budget and r.get("lower_bound_us") is not None]
-            grid.bound[budget] = min(bounds) if bounds else None
+            grid.bound[budget] = cell_bound(grid.column(budget))
     return list(found.values())
+
+
+UVM_BOUND = "uvm (the ideal)"
+
+
+def cell_bound(rows: list[dict]) -> float | None:
+    """The bound of a budget's column: the smallest of the explicit plans' own bounds (each
+    plan is at least its own, so every explicit plan of those kinds is at least this); a
+    column of unified-memory plans only has the ideal as its bound (``UVM_BOUND``); None
+    without one. A UVM plan's bound (the ideal) would make every column read 0%, so it is
+    left out when an explicit plan is there."""
+    explicit = [r["lower_bound_us"] for r in rows if r.get("lower_bound_us") is not None and r.get("bound") != UVM_BOUND]
+    if explicit:
+        return min(explicit)
+    ideal = [r["lower_bound_us"] for r in rows if r.get("lower_bound_us") is not None]
+    return min(ideal) if ideal else None
+
+
+def only_uvm_bound(rows: list[dict]) -> bool:
+    """Whether the column's bound is the ideal because only UVM plans have a bound."""
+    bounded = [r for r in rows if r.get("lower_bound_us") is not None]
+    return bool(bounded) and all(r.get("bound") == UVM_BOUND for r in bounded)
+
+
+def gap_to(row: dict, bound: float | None) -> float | None:
+    """How far a fitting plan is above ``bound`` (0.05: 5%); None without a time or a bound.
+    Negative only for a plan outside the kinds the bound covers (codecs, ops on the CPU)."""
+    if row.get("status") != OK or row.get("iteration_us") is None or not bound or bound <= 0:
+        return None
+    return row["iteration_us"] / bound - 1.0
+
+
+def annotate(rows: list[dict]) -> list[dict]:
+    """Add to each row (in place) what depends on the other rows of its budget's column:
+    ``family``, ``cell_bound_us`` (the column's ``cell_bound``) and ``gap_to_cell_bound``
+    (``gap_to``); and ``fallback`` from ``planner_status`` where an older row lacks it.
+    Returns the rows."""
+    columns: dict[tuple, list[dict]] = {}
+    for row in rows:
+        columns.setdefault((row["profile"], row["hardware"], row["budget"]), []).append(row)
+    families: dict[str, str] = {}
+    for column in columns.values():
+        bound = cell_bound(column)
+        for row in column:
+            if row["planner"] not in families:
+                families[row["planner"]] = family_of(row["planner"])
+            row["family"] = families[row["planner"]]
+            row["cell_bound_us"] = bound
+            row["gap_to_cell_bound"] = gap_to(row, bound)
+            if row.get("fallback") is None:
+                row["fallback"] = fallback_reason(row.get("planner_status"), None)
+    return rows
+
+
+def is_fallback(row: dict) -> bool:
+    """Whether the row's plan is a fallback: the planner's status says so, or its notes
+    (the row's ``fallback`` column) say it fell back."""
+    return bool(row.get("fallback")) or row.get("planner_status") == "fallback"
+
+
+def best_gap(grid: Grid, budget: str) -> float | None:
+    """How far the best plan of a column is above its bound (0.05: 5%); None without either."""
+    best = [grid.cells[(p, budget)] for p in grid.best.get(budget, ())]
+    return gap_to(best[0], grid.bound.get(budget)) if best else None
+
+
+def gap_text(grid: Grid, budget: str) -> str:
+    gap = best_gap(grid, budget)
+    return "-" if gap is None else f"{100 * gap:.1f}%"
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def cell_text(row: dict | None) -> str:
@@ -73,11 +191,31 @@ def cell_text(row: dict | None) -> str:
 
 
 def bound_text(grid: Grid, budget: str) -> str:
+    """The column's bound as an overhead over the ideal (the overview's row)."""
     bound = grid.bound.get(budget)
-    ideal = next((r["ideal_us"] for r in grid.cells.values() if r.get("ideal_us")), None)
+    ideal = grid.ideal_us
     if bound is None or not ideal:
         return "-"
-    return f"{100 * (bound / ideal - 1):.1f}%"
+    return f"{100 * (bound / ideal - 1):.1f}%" + (" (the ideal: UVM plans only)"
+                                                  if only_uvm_bound(grid.column(budget)) else "")
+
+
+def cell_bound_text(grid: Grid, budget: str) -> str:
+    """The column's bound in words: its time and overhead, or that it is the ideal because
+    only UVM plans are bounded."""
+    bound = grid.bound.get(budget)
+    ideal = grid.ideal_us
+    if bound is None:
+        return "none (no plan here has a bound)"
+    if only_uvm_bound(grid.column(budget)):
+        return f"the ideal (UVM plans only), {format_us(bound)}"
+    return format_us(bound) + (f", {100 * (bound / ideal - 1):.1f}% over the ideal" if ideal else "")
+
+
+def bound_overhead(grid: Grid, budget: str) -> float | None:
+    """The column's bound as an overhead over the ideal (0.006: 0.6%), where the charts draw it."""
+    bound, ideal = grid.bound.get(budget), grid.ideal_us
+    return None if bound is None or not ideal else bound / ideal - 1.0
 
 
 def budget_label(grid: Grid, budget: str) -> str:
@@ -86,112 +224,239 @@ def budget_label(grid: Grid, budget: str) -> str:
     return label if not budget.endswith(("B", "b")) else f"{format_bytes(row['budget_bytes'])}"
 
 
-# ----------------------------------------------------------------------------- chart
+def ranking(grid: Grid, budget: str) -> list[tuple[int | None, dict]]:
+    """The budget's plans, fastest first: (rank, row) for each fitting plan (equal times
+    share a rank: 1, 1, 3), then (None, row) for the planners without one, in grid order."""
+    fits = sorted((r for r in grid.column(budget) if r["status"] == OK),
+                  key=lambda r: r["iteration_us"])   # stable: ties keep the grid's order
+    ranked: list[tuple[int | None, dict]] = []
+    for k, row in enumerate(fits):
+        same = k and row["iteration_us"] <= fits[k - 1]["iteration_us"] * (1 + 1e-9)
+        ranked.append((ranked[-1][0] if same else k + 1, row))
+    return ranked + [(None, r) for r in grid.column(budget) if r["status"] != OK]
+
+
+def families_in(grid: Grid) -> list[str]:
+    """The families of the grid's planners, in ``family_order``."""
+    present = set(grid.families.values())
+    return [f for f in family_order() if f in present]
+
+
+def best_per_family(grid: Grid, budget: str) -> dict[str, dict | None]:
+    """For each family in the grid: its fastest fitting plan at ``budget`` (None: none fits)."""
+    best: dict[str, dict | None] = {f: None for f in families_in(grid)}
+    for _, row in ranking(grid, budget):
+        family = grid.families[row["planner"]]
+        if row["status"] == OK and best[family] is None:
+            best[family] = row
+    return best
+
+
+# ----------------------------------------------------------------------------- charts
 
 
 def chart_png(grid: Grid) -> bytes:
-    """Overhead (%) against budget (GiB): a line per planner over the budgets it fits,
-    an x at the top for a plan that does not fit, a grey band below the smallest budget
-    any planner can plan for, and the lower bound as a shaded floor."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    gib = {b: grid.budget_bytes(b) / 2**30 for b in grid.budgets}
-    xs = sorted(set(gib.values()))
-    fig, ax = plt.subplots(figsize=(8.5, 4.2), dpi=100)
-    fitted = [100 * r["overhead"] for r in grid.cells.values() if r["status"] == OK]
-    top = max(fitted + [1.0]) * 1.6
-    ideal = next((r["ideal_us"] for r in grid.cells.values() if r.get("ideal_us")), None)
-    floor = [(gib[b], 100 * (grid.bound[b] / ideal - 1)) for b in grid.budgets
-             if grid.bound.get(b) is not None and ideal]
-    if floor:
-        floor.sort()
-        ax.fill_between([x for x, _ in floor], 0, [y for _, y in floor], color="0.85", step=None,
-                        label="lower bound", zorder=0)
-    below = [gib[b] for b in grid.budgets if all(grid.cells.get((p, b), {}).get("status") == BELOW_FLOOR
-                                                   for p in grid.planners)]
-    if below:
-        ax.axvspan(min(xs) - 0.02 * (max(xs) - min(xs) + 1), max(below), color="0.6", alpha=0.25,
-                   label="below every floor")
-    markers = "osD^v<>ph*"
-    for k, planner in enumerate(grid.planners):
-        points = sorted((gib[b], 100 * grid.cells[(planner, b)]["overhead"]) for b in grid.budgets
-                        if (planner, b) in grid.cells and grid.cells[(planner, b)]["status"] == OK)
-        line, = ax.plot([x for x, _ in points], [y for _, y in points], marker=markers[k % len(markers)],
-                        label=planner)
-        misses = [gib[b] for b in grid.budgets if (planner, b) in grid.cells
-                  and grid.cells[(planner, b)]["status"] not in (OK, BELOW_FLOOR)]
-        if misses:
-            ax.plot(misses, [top * 0.85] * len(misses), linestyle="none", marker="x", color=line.get_color(),
-                    markersize=9)
-    ax.set_yscale("symlog", linthresh=1.0)   # linear to 1%, then logarithmic: small and large overheads both show
-    ax.set_ylim(0, top)
-    ax.set_xlabel("GPU memory budget (GiB)")
-    ax.set_ylabel("overhead over the ideal iteration (%)")
-    ax.set_title(f"{grid.profile} on {grid.hardware}  (x: does not fit)", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    plt.close(fig)
-    return buffer.getvalue()
+    """The per-(profile, machine) chart: the best plan of each family against budget."""
+    from .charts import family_figure, png
+    return png(family_figure(grid))
 
 
 def write_charts(grids_: list[Grid], out: Path) -> dict[str, Path]:
-    """One PNG per (profile, machine) in ``out``; returns them by grid slug."""
+    """Into ``out``: per (profile, machine) ``<slug>.png`` (the best plan of each family
+    against budget) and per budget with a fitting plan ``<slug>__<budget>.png`` (the
+    ranked bars). Returns them by key: the grid's slug, or ``budget_slug``."""
+    from .charts import bar_figure, family_figure, png
     written = {}
     for grid in grids_:
         path = out / f"{grid.slug}.png"
-        write_atomic(path, chart_png(grid))
+        write_atomic(path, png(family_figure(grid)))
         written[grid.slug] = path
+        for budget in grid.budgets:
+            figure = bar_figure(grid, budget)
+            if figure is None:
+                continue
+            path = out / f"{grid.budget_slug(budget)}.png"
+            write_atomic(path, png(figure))
+            written[grid.budget_slug(budget)] = path
     return written
 
 
 # ----------------------------------------------------------------------------- HTML
 
 
-_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:110em}
+h2{margin-top:2em;border-bottom:2px solid #ccc}h3{margin:1.4em 0 0.3em}
 table{border-collapse:collapse;margin:0.5em 0 1.5em}th,td{padding:3px 10px;text-align:right;border-bottom:1px solid #ddd}
-th:first-child,td:first-child{text-align:left}td.best{background:#d9f2d9;font-weight:bold}
-td.miss{color:#a33}td.bound{color:#666;font-style:italic}img{max-width:100%}"""
+th{background:#f4f4f4}th:first-child,td:first-child{text-align:left}td.l,th.l{text-align:left}
+td.best{background:#d9f2d9;font-weight:bold}td.miss{color:#a33}td.bound{color:#666;font-style:italic}
+td.fb{color:#a60;font-weight:bold}img{max-width:100%;height:auto}
+.sw{display:inline-block;width:0.9em;height:0.9em;border-radius:2px;margin-right:0.4em;vertical-align:-0.1em}
+.row{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start}.row>img{flex:0 1 auto;max-width:48em}
+.note{color:#555;font-size:0.92em}.legend span.item{margin-right:1.2em;white-space:nowrap}
+ul.toc{columns:2}summary{cursor:pointer;color:#555;margin-bottom:0.3em}"""
+
+E = html.escape
+
+
+def _swatch(family: str) -> str:
+    color = FAMILY_COLORS.get(family, FAMILY_COLORS[OTHER])
+    return f"<span class='sw' style='background:{color}'></span>{E(family)}"
+
+
+def _img(png: bytes | None, alt: str) -> str:
+    if not png:
+        return ""
+    return f"<img alt='{E(alt, quote=True)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+
+
+def _overview(grid: Grid) -> list[str]:
+    parts = ["<table class='overview'><tr><th>planner</th><th class='l'>family</th>"]
+    parts.extend(f"<th>{E(budget_label(grid, b))}</th>" for b in grid.budgets)
+    parts.append("</tr>")
+    for planner in grid.planners:
+        parts.append(f"<tr><td>{E(planner)}</td><td class='l'>{_swatch(grid.families[planner])}</td>")
+        for budget in grid.budgets:
+            row = grid.cells.get((planner, budget))
+            css = "best" if planner in grid.best.get(budget, ()) else ("miss" if row and row["status"] != OK else "")
+            tip = E(row["error"] or "", quote=True) if row else ""
+            parts.append(f"<td class='{css}' title='{tip}'>{E(cell_text(row))}</td>")
+        parts.append("</tr>")
+    parts.append("<tr><td class='bound'>lower bound</td><td></td>")
+    parts.extend(f"<td class='bound'>{E(bound_text(grid, b))}</td>" for b in grid.budgets)
+    parts.append("</tr><tr><td class='bound'>gap of the best</td><td></td>")
+    parts.extend(f"<td class='bound'>{E(gap_text(grid, b))}</td>" for b in grid.budgets)
+    parts.append("</tr></table>")
+    return parts
+
+
+def _family_table(grid: Grid) -> list[str]:
+    parts = ["<table class='families'><tr><th>family</th>"]
+    parts.extend(f"<th>{E(budget_label(grid, b))}</th>" for b in grid.budgets)
+    parts.append("</tr>")
+    best = {b: best_per_family(grid, b) for b in grid.budgets}
+    for family in families_in(grid):
+        parts.append(f"<tr><td>{_swatch(family)}</td>")
+        for budget in grid.budgets:
+            row = best[budget][family]
+            if row is None:
+                parts.append("<td class='miss'>none fits</td>")
+                continue
+            gap = gap_to(row, grid.bound.get(budget))
+            css = "best" if row["planner"] in grid.best.get(budget, ()) else ""
+            parts.append(f"<td class='{css}'>{E(row['planner'])}{' &dagger;' if is_fallback(row) else ''} "
+                         f"{E(cell_text(row))} <span class='note'>(gap {E(pct(gap))})</span></td>")
+        parts.append("</tr>")
+    parts.append("</table>")
+    return parts
+
+
+def _status(row: dict) -> str:
+    if row["status"] == OK:
+        return f"ok ({row['planner_status']})" if row.get("planner_status") else "ok"
+    return row["status"]
+
+
+_RANKED_HEAD = ("<table class='ranking'><tr><th>#</th><th class='l'>planner</th><th class='l'>family</th>"
+                "<th>overhead</th><th>iteration</th><th>gap to bound</th><th>planning</th><th class='l'>status</th>"
+                "<th class='l'>fallback</th></tr>")
+
+
+def _ranked_table(grid: Grid, budget: str) -> list[str]:
+    """The fitting plans ranked, then (folded, open on a click) the planners without one."""
+    ranked = ranking(grid, budget)
+    fits = [(rank, row) for rank, row in ranked if rank is not None]
+    misses = [(rank, row) for rank, row in ranked if rank is None]
+    parts = ([_RANKED_HEAD] + _ranked_rows(grid, budget, fits) + ["</table>"]) if fits else []
+    if misses:
+        counts: dict[str, int] = {}
+        for _, row in misses:
+            counts[row["status"]] = counts.get(row["status"], 0) + 1
+        parts.append(f"<details{'' if fits else ' open'}><summary>{len(misses)} without a plan that fits: "
+                     + E(", ".join(f"{status} {n}" for status, n in counts.items())) + "</summary>"
+                     + _RANKED_HEAD)
+        parts += _ranked_rows(grid, budget, misses) + ["</table></details>"]
+    return parts
+
+
+def _ranked_rows(grid: Grid, budget: str, ranked: list[tuple[int | None, dict]]) -> list[str]:
+    bound = grid.bound.get(budget)
+    parts = []
+    for rank, row in ranked:
+        ok = row["status"] == OK
+        css = "best" if row["planner"] in grid.best.get(budget, ()) else ""
+        name_css = f"l {css}".strip()
+        tip = E(row.get("error") or "", quote=True)
+        seconds = row.get("planning_seconds")
+        fallback = (f"<td class='l fb' title='{E(row.get('fallback') or 'status fallback', quote=True)}'>"
+                    "&dagger; fallback</td>") if is_fallback(row) else "<td></td>"
+        parts.append(f"<tr><td>{rank if rank is not None else ''}</td><td class='{name_css}'>{E(row['planner'])}</td>"
+                     f"<td class='l'>{_swatch(grid.families[row['planner']])}</td>"
+                     f"<td class='{css}'>{E(cell_text(row)) if ok else '-'}</td>"
+                     f"<td>{E(format_us(row['iteration_us'])) if ok and row.get('iteration_us') else '-'}</td>"
+                     f"<td>{E(pct(gap_to(row, bound)))}</td>"
+                     f"<td>{'-' if seconds is None else f'{seconds:.2f} s'}</td>"
+                     f"<td class='l{'' if ok else ' miss'}' title='{tip}'>{E(_status(row))}</td>{fallback}</tr>")
+    return parts
+
+
+def _summary(grid: Grid, budget: str) -> str:
+    best = grid.best.get(budget)
+    if not best:
+        below = all(r["status"] == BELOW_FLOOR for r in grid.column(budget))
+        return "no plan fits" + (" (below every planner's floor)" if below else "")
+    row = grid.cells[(best[0], budget)]
+    return (f"best: <b>{E(', '.join(best))}</b> ({E(grid.families[best[0]])}), {E(cell_text(row))} over the ideal, "
+            f"{E(pct(best_gap(grid, budget)))} above the bound")
 
 
 def html_report(grids_: list[Grid], charts: dict[str, bytes], title: str = "swapplan compare") -> str:
-    """One self-contained page: per (profile, machine) its table and chart (embedded)."""
-    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
-             "<p>Overhead of the simulated iteration over the ideal one (no swapping, unlimited memory); "
-             "the best per budget is highlighted. <i>lower bound</i>: no plan of these kinds can be faster.</p>"]
+    """One self-contained page (styles inline, charts embedded, no link outside it): per
+    (profile, machine) the best plan per budget, the best of each family (chart and
+    table), per budget the ranked plans (chart and table), and the overview table."""
+    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{E(title)}</title>"
+             f"<style>{_STYLE}</style></head><body><h1>{E(title)}</h1>",
+             "<p class='note'><i>overhead</i>: the simulated iteration over the ideal one (no swapping, unlimited "
+             "memory) minus 1. <i>bound</i> of a budget: no explicit plan of these planners' kinds can be faster "
+             "(the smallest of their own lower bounds; where only unified-memory plans have one, the ideal). "
+             "<i>gap to bound</i>: how far a plan is above it (negative only for a plan outside those kinds: "
+             "codecs, ops on the CPU). &dagger; <i>fallback</i>: the planner's own method gave no plan that fits, "
+             "and this is its fallback. The best per budget is highlighted.</p>",
+             "<p class='legend'>families: " + "".join(f"<span class='item'>{_swatch(f)}</span>"
+                                                     for f in family_order()) + "</p>"]
+    if len(grids_) > 1:
+        parts.append("<ul class='toc'>" + "".join(f"<li><a href='#{E(g.slug, quote=True)}'>{E(g.profile)} on "
+                                                  f"{E(g.hardware)}</a></li>" for g in grids_) + "</ul>")
     for grid in grids_:
-        parts.append(f"<h2>{html.escape(grid.profile)} on {html.escape(grid.hardware)}</h2><table><tr><th>planner</th>")
-        parts.extend(f"<th>{html.escape(budget_label(grid, b))}</th>" for b in grid.budgets)
-        parts.append("</tr>")
-        for planner in grid.planners:
-            parts.append(f"<tr><td>{html.escape(planner)}</td>")
-            for budget in grid.budgets:
-                row = grid.cells.get((planner, budget))
-                css = "best" if planner in grid.best.get(budget, ()) else ("miss" if row and row["status"] != OK else "")
-                tip = html.escape(row["error"] or "", quote=True) if row else ""
-                parts.append(f"<td class='{css}' title='{tip}'>{html.escape(cell_text(row))}</td>")
-            parts.append("</tr>")
-        parts.append("<tr><td class='bound'>lower bound</td>")
-        parts.extend(f"<td class='bound'>{html.escape(bound_text(grid, b))}</td>" for b in grid.budgets)
-        parts.append("</tr></table>")
-        png = charts.get(grid.slug)
-        if png:
-            parts.append(f"<img alt='overhead against budget' src='data:image/png;base64,"
-                         f"{base64.b64encode(png).decode()}'>")
+        ideal = grid.ideal_us
+        parts.append(f"<h2 id='{E(grid.slug, quote=True)}'>{E(grid.profile)} on {E(grid.hardware)}</h2>"
+                     f"<p class='note'>{len(grid.planners)} planners in {len(families_in(grid))} families"
+                     + (f"; ideal iteration {E(format_us(ideal))}" if ideal else "") + "</p><ul>")
+        parts.extend(f"<li>{E(budget_label(grid, b))}: {_summary(grid, b)}</li>" for b in grid.budgets)
+        parts.append("</ul><h3>Best plan of each family</h3><div class='row'>")
+        parts.append(_img(charts.get(grid.slug), f"best plan of each family against budget, {grid.profile} on "
+                                                 f"{grid.hardware}"))
+        parts.append("<div>")
+        parts.extend(_family_table(grid))
+        parts.append("</div></div>")
+        for budget in grid.budgets:
+            parts.append(f"<h3>{E(budget_label(grid, budget))}</h3><p>bound: {E(cell_bound_text(grid, budget))}; "
+                         f"{_summary(grid, budget)}</p><div class='row'>")
+            parts.append(_img(charts.get(grid.budget_slug(budget)), f"planners ranked by overhead at {budget}"))
+            parts.append("<div>")
+            parts.extend(_ranked_table(grid, budget))
+            parts.append("</div></div>")
+        parts.append("<h3>Overview: overhead by planner and budget</h3>")
+        parts.extend(_overview(grid))
     parts.append("</body></html>\n")
     return "".join(parts)
 
 
 def write_report(rows: list[dict], out: Path) -> Path:
-    """Charts and the HTML page for these rows, into ``out``; returns the page's path."""
-    found = grids(rows)
+    """Charts and the HTML page for these rows, into ``out``; returns the page's path.
+    The rows are annotated (``annotate``) on the way."""
+    found = grids(annotate(rows))
     paths = write_charts(found, out)
-    charts = {slug: path.read_bytes() for slug, path in paths.items()}
+    charts = {key: path.read_bytes() for key, path in paths.items()}
     page = out / REPORT_HTML
     write_atomic(page, html_report(found, charts).encode())
     return page

@@ -60,7 +60,7 @@ def test_a_small_sweep_writes_rows_plans_a_chart_and_a_report(small_sweep):
     import matplotlib.image
     assert matplotlib.image.imread(png).shape[0] > 100
     page = _parse(out / "report.html")
-    assert page.images == 1 and "lower bound" in page.text and page.cells.count("below-floor") == 3
+    assert page.images == 3 and "lower bound" in page.text and page.cells.count("below-floor") == 6
     assert "best" in page.classes
     # the printed table marks the best per budget
     assert "* best per budget" in result.output and "0.0% *" in result.output
@@ -182,7 +182,7 @@ def test_rows_do_not_depend_on_jobs_or_on_dask(tmp_path):
 
 def test_bad_input_fails_before_any_work(tmp_path):
     runner = CliRunner()
-    for args, words in ((["--planners", "nope"], "unknown planner 'nope'"),
+    for args, words in ((["--planners", "nope"], "unknown planner or family 'nope'"),
                         (["--budgets", "lots"], "--budgets"),
                         (["--hardware", "no-such-gpu"], "no-such-gpu")):
         result = runner.invoke(app, ["compare", PROFILE, "--out", str(tmp_path / "x"), *args])

@@ -66,8 +66,9 @@ def test_planners_are_listed_by_family_with_a_place_to_start():
     titles = [line[3:] for line in result.output.splitlines() if line.startswith("## ")]
     assert titles == [title for family, title in FAMILIES.items() if any(s.family == family for s in planners())]
     assert {s.family for s in planners()} <= set(FAMILIES)
-    assert get_planner("g10").family == "swap" and get_planner("autotm").family == "search"
-    assert [s.name for s in planners() if s.searches] == ["autotm", "checkmate", "deeptm", "joint", "swapadvisor",
+    assert get_planner("g10").family == "swap" and get_planner("capuchin").family == "swap + recompute"
+    assert get_planner("chen").family == "recompute" and get_planner("uvm").family == "unified memory"
+    assert [s.name for s in planners() if s.searches] == ["autotm", "best", "checkmate", "deeptm", "joint", "swapadvisor",
                                                           "tmof"]
     assert all(get_planner(name) for name in QUICK)
 

@@ -37,7 +37,28 @@ VARIANTS = [(spec.name, {}) for spec in planners()] + [
 # profiles only, with a short limit; their own tests (tests/test_ilp.py,
 # tests/test_swapadvisor.py, tests/test_checkmate.py, tests/test_modnn_deeptm.py) cover real profiles, solver
 # status and determinism.
-SEARCHING = {"autotm", "tmof", "joint", "swapadvisor", "checkmate", "deeptm"}
+SEARCHING = {spec.name for spec in planners() if spec.searches}
+
+
+def keeps_to_its_kind(spec, plan, profile) -> list[str]:
+    """What a plan does that its planner's family and flags do not declare (its bound
+    assumes them): recomputes, swaps, moved weights, ops on the CPU, codecs, variants,
+    managed memory."""
+    persistent = {t.id for t in profile.tensors if t.persistent}
+    kinds = {a.kind for a in plan.actions}
+    found = {
+        "recompute": "recompute" in kinds,
+        "swap": bool(kinds & {"offload", "prefetch", "load", "store"}),
+        "persistent": bool(plan.initial) or any(a.tensor in persistent and a.kind in ("offload", "drop", "store")
+                                                for a in plan.actions),
+        "cpu": bool(plan.cpu_ops),
+        "codecs": bool(kinds & {"encode", "decode"}) or any(a.codec for a in plan.actions),
+        "variants": bool(plan.variants),
+    }
+    wrong = [what for what, done in found.items() if done and not spec.may(what)]
+    if (plan.memory == "uvm") != (spec.memory == "uvm"):
+        wrong.append(f"memory {plan.memory}")
+    return wrong
 QUICK = RunOptions(time_limit=3.0, threads=1)
 
 CASES = [(name, planner, params) for name in PROFILES for planner, params in VARIANTS] + \
@@ -63,6 +84,10 @@ def test_plans_are_valid_and_within_budget_or_marked_infeasible(profiles, planne
         else:
             assert planned.plan.planner.status == "infeasible"
         assert planned.plan.predicted["feasible"] == result.feasible
+        assert not keeps_to_its_kind(spec, planned.plan, profile), (planner, spec.family)
+        bound = planned.plan.planner.lower_bound_us
+        if result.ok and bound is not None:     # no plan is faster than the bound of its own kind
+            assert result.iteration_us >= bound * (1 - 1e-9), (planner, result.iteration_us, bound)
 
 
 @pytest.mark.parametrize("planner", [spec.name for spec in planners() if spec.name not in SEARCHING])

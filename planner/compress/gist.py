@@ -134,6 +134,7 @@ def untouched(profile, chosen, actions) -> list:
                   Param("fallback", "capuchin", "when the encodings alone do not fit the budget: this swap "
                                                 "planner's plan, with the encodings it leaves room for (off: "
                                                 "Gist alone)")),
+          recomputes=True,    # its fallback (capuchin by default) may recompute: the bound must allow it
           paper="Jain et al., Gist: Efficient Data Encoding for Deep Neural Network Training, ISCA 2018")
 def plan_gist(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, binarize=True, sparse=True,
               min_saving=0.1, allow_lossy=False, fallback="capuchin"):

@@ -75,8 +75,11 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     result = sim.simulate(plan, budget_bytes)  # the plan as exported
     if group and plan.memory == "explicit":
         plan, result = _grouped(sim, budget_bytes, plan, result, draft.notes)
-    bound = lower_bound(profile, hardware, budget_bytes, recompute=spec.recomputes,
-                        moves_persistent=spec.moves_persistent, cpu_ops=plan.uses_cpu, uvm=plan.uvm,
+    # the bound of the plan's kind: what the planner declares, and what its plan does (a fallback's plan
+    # may do more), so that no plan is ever below its own bound
+    recomputes, moves_persistent = _what_it_does(profile, plan)
+    bound = lower_bound(profile, hardware, budget_bytes, recompute=spec.recomputes or recomputes,
+                        moves_persistent=spec.moves_persistent or moves_persistent, cpu_ops=plan.uses_cpu, uvm=plan.uvm,
                         codecs=plan.uses_codecs, variants=spec.chooses_variants(resolved) or bool(plan.variants))
     status = draft.status if result.ok else ("invalid" if not result.valid else "infeasible")
     plan.planner = PlannerInfo(name=planner, params=resolved, status=status, gap=draft.gap, seed=options.seed,
@@ -85,6 +88,15 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
                                bound=bound.kind)
     plan.predicted = prediction(result, bound)
     return Planned(plan, result, seconds)
+
+
+def _what_it_does(profile: Profile, plan: Plan) -> tuple[bool, bool]:
+    """(it recomputes, it moves weights or optimizer state) of a plan's actions."""
+    persistent = {t.id for t in profile.tensors if t.persistent}
+    recomputes = any(a.kind == "recompute" for a in plan.actions)
+    moves = bool(plan.initial) or any(a.tensor in persistent and a.kind in ("offload", "drop", "store")
+                                      for a in plan.actions)
+    return recomputes, moves
 
 
 def _grouped(sim: Simulator, budget_bytes, plan, result, notes: dict):

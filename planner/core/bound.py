@@ -29,9 +29,10 @@ crosses PCIe, so it is never faster) and contention between offloads of differen
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from itertools import accumulate
+
+import numpy as np
 
 from simulator.compile.compiled import link_speed
 from simulator.hardware import Hardware
@@ -139,13 +140,14 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
         swap_only = _expression(starts[p], ideal - starts[p], excess, 0.0, latency, up, down)
         candidates.append((swap_only, p, excess, touched))
     candidates.sort(key=lambda c: -c[0])
+    lives = _Lifetimes(profile, times) if recompute and candidates else None
     for swap_only, p, excess, touched in candidates:
         if swap_only <= best:
             break   # the recompute variant of this op and every later one is no larger
         value = swap_only
         if recompute:
-            idle = [t for t in _live_at(profile, p) if t not in touched]
-            value = _with_recompute(profile, times, starts[p], ideal - starts[p], excess, idle, latency, up, down)
+            ratio, size = lives.idle_at(p, touched)
+            value = _with_recompute(ratio, size, starts[p], ideal - starts[p], excess, latency, up, down)
         if value > best:
             best, where = value, profile.ops[p].id
     return Bound(best, where, recompute, moves_persistent)
@@ -158,45 +160,60 @@ def _expression(before_us: float, rest_us: float, swapped: float, recompute_us: 
     return out + max(rest_us + recompute_us, back)
 
 
-def _with_recompute(profile: Profile, times: tuple, before_us: float, rest_us: float, excess: int,
-                    idle: list[str], latency: float, up: float, down: float) -> float:
-    """The minimum over the bytes swapped S (the rest recomputed) of the expression. It is
-    convex and piecewise linear in S, so the minimum lies at one of its breakpoints: the
-    ends, where the copies out stop limiting the start of p, the ends of the recompute
-    cost's pieces, and where on each piece the copies back meet the compute after p."""
-    costs = sorted((times[profile.producer[t]] / b, b) for t in idle
-                   if (b := profile.tensor_by_id[t].bytes) > 0)
-    cum_bytes, cum_time = [0], [0.0]
-    for ratio, nbytes in costs:
-        cum_bytes.append(cum_bytes[-1] + nbytes)
-        cum_time.append(cum_time[-1] + ratio * nbytes)
+class _Lifetimes:
+    """The non-persistent tensors of a profile as arrays (first and last op position,
+    bytes, and the producer's time per byte), to find the idle ones at an op at once."""
 
-    def recompute_us(nbytes: float) -> float:
-        i = min(max(bisect.bisect_left(cum_bytes, nbytes), 1), len(costs))
-        return cum_time[i - 1] + (nbytes - cum_bytes[i - 1]) * costs[i - 1][0]
+    def __init__(self, profile: Profile, times: tuple):
+        kept = [t for t in profile.tensors if not t.persistent and t.bytes > 0]
+        size = np.array([t.bytes for t in kept], dtype=np.int64)
+        ratio = np.array([times[profile.producer[t.id]] / t.bytes for t in kept], dtype=np.float64)
+        order = np.lexsort((size, ratio))      # cheapest per byte first, then the smaller: once for every op
+        spans = [profile.lifetime(kept[i].id) for i in order]
+        self.index = {kept[i].id: k for k, i in enumerate(order)}
+        self.first = np.array([first for first, _ in spans], dtype=np.int64)
+        self.last = np.array([last for _, last in spans], dtype=np.int64)
+        self.size, self.ratio = size[order], ratio[order]
 
-    def value(swapped: float) -> float:
-        return _expression(before_us, rest_us, swapped, recompute_us(excess - swapped), latency, up, down)
-
-    points = {0.0, float(excess), (before_us - latency) * up}
-    for i, (ratio, _) in enumerate(costs):
-        lo, hi = excess - cum_bytes[i + 1], excess - cum_bytes[i]     # S on this piece of the cost
-        points.update((lo, hi))
-        rest = rest_us + cum_time[i] + (excess - cum_bytes[i]) * ratio  # compute after p at S = 0 on it
-        points.add((rest - latency) / (ratio + 1.0 / down))
-    return min(value(point) for point in points if 0.0 <= point <= excess)
+    def idle_at(self, p: int, touched) -> tuple[np.ndarray, np.ndarray]:
+        """(time per byte, bytes) of the tensors live at op p that p does not touch,
+        cheapest per byte first (then the smaller first)."""
+        live = (self.first <= p) & (self.last >= p)
+        for t in touched:
+            k = self.index.get(t)
+            if k is not None:
+                live[k] = False
+        return self.ratio[live], self.size[live]
 
 
-def _live_at(profile: Profile, p: int) -> list[str]:
-    """The non-persistent tensors live at op position p (produced at or before it, last
-    used at or after it)."""
-    found = []
-    for t in profile.tensors:
-        if not t.persistent:
-            first, last = profile.lifetime(t.id)
-            if first <= p <= last:
-                found.append(t.id)
-    return found
+def _with_recompute(ratio: np.ndarray, size: np.ndarray, before_us: float, rest_us: float, excess: int,
+                    latency: float, up: float, down: float) -> float:
+    """The minimum over the bytes swapped S (the rest recomputed, from the idle tensors
+    ``ratio`` per byte and ``size`` bytes, cheapest first) of the expression. It is convex
+    and piecewise linear in S, so the minimum lies at one of its breakpoints: the ends,
+    where the copies out stop limiting the start of p, the ends of the recompute cost's
+    pieces, and where on each piece the copies back meet the compute after p."""
+    cum_bytes = np.concatenate(([0], np.cumsum(size)))
+    # only the cheapest tensors that cover the excess can be recomputed (R <= excess): the pieces after
+    # the one that reaches it hold no breakpoint in [0, excess]
+    m = min(int(np.searchsorted(cum_bytes, excess, side="left")), len(ratio))
+    ratio, size, cum_bytes = ratio[:m], size[:m], cum_bytes[:m + 1]
+    cum_time = np.concatenate(([0.0], np.cumsum(ratio * size)))
+    fixed = np.array([0.0, float(excess), (before_us - latency) * up])
+    lo, hi = excess - cum_bytes[1:], excess - cum_bytes[:-1]         # S on each piece of the cost
+    meet = (rest_us + cum_time[:-1] + (excess - cum_bytes[:-1]) * ratio - latency) / (ratio + 1.0 / down)
+    points = np.concatenate((fixed, lo, hi[:1], meet))    # hi[i] is lo[i - 1]: the pieces' ends once
+    points = points[(points >= 0.0) & (points <= excess)]
+    recomputed = excess - points
+    if len(ratio):
+        i = np.clip(np.searchsorted(cum_bytes, recomputed, side="left"), 1, len(ratio))
+        recompute_us = cum_time[i - 1] + (recomputed - cum_bytes[i - 1]) * ratio[i - 1]
+    else:
+        recompute_us = np.zeros_like(points)   # no idle tensor: S = excess is the only way
+    swapped = points > 0
+    out = np.where(swapped, np.maximum(before_us, latency + points / up), before_us)
+    back = np.where(swapped, latency + points / down, 0.0)
+    return float(np.min(out + np.maximum(rest_us + recompute_us, back)))
 
 
 def bound_fields(bound: Bound, result) -> dict:

@@ -158,13 +158,34 @@ class PlannerSpec:
     memory: str = "explicit"        # "uvm": its plans run in managed memory (R30-R37)
     variants: str | None = None     # the parameter that lets it choose op variants (R52), if it may
     searches: bool = False          # it searches until the run's time limit (a solver, a genetic search)
+    declared_family: str | None = None   # where the flags do not say it (see ``family``)
 
     @property
     def family(self) -> str:
-        """Its family: the ``planner`` sub-package it lives in (``swap``, ``recompute``,
-        ``uvm``, ``offload``, ``compress``, ``search``; the ``none`` baseline is ``core``)."""
-        parts = self.func.__module__.split(".")
-        return parts[1] if len(parts) > 2 and parts[0] == "planner" else "core"
+        """What kind of plan it makes (one of ``FAMILIES``): ``unified memory`` for managed
+        memory, ``CPU offload`` when ops run on the host CPU, ``compression`` for the
+        planners of ``planner/compress``, else ``swap`` or ``swap + recompute`` by whether
+        it may recompute; ``recompute`` (it never swaps), ``placement`` and ``baseline`` are
+        declared at registration."""
+        if self.declared_family is not None:
+            return self.declared_family
+        if self.memory == "uvm":
+            return "unified memory"
+        if self.cpu_phases:
+            return "CPU offload"
+        if self.func.__module__.startswith("planner.compress."):
+            return "compression"
+        return "swap + recompute" if self.recomputes else "swap"
+
+    def may(self, what: str) -> bool:
+        """Whether its plans may hold ``what``: ``swap`` (offloads and prefetches, or UVM
+        hints), ``recompute`` (drops and recomputes), ``persistent`` (weights and optimizer
+        state moved), ``cpu`` (ops on the CPU), ``codecs`` (R40-R42), ``variants`` (R52):
+        the kind of actions its family and flags declare, which its bound assumes."""
+        family = self.family
+        return {"swap": family not in ("recompute", "baseline"), "recompute": self.recomputes,
+                "persistent": self.moves_persistent, "cpu": bool(self.cpu_phases),
+                "codecs": family in ("compression", "placement"), "variants": self.variants is not None}[what]
 
     def chooses_variants(self, resolved: dict[str, Any]) -> bool:
         """Whether a run with these (resolved) parameters may choose op variants."""
@@ -185,11 +206,13 @@ class PlannerSpec:
 REGISTRY: dict[str, PlannerSpec] = {}
 
 FAMILIES = {     # family -> how `swapplan planners` titles it, in the order it lists them
-    "core": "baseline", "swap": "swap to host memory or SSD (greedy, seconds)",
-    "recompute": "recompute (activation checkpointing)", "offload": "CPU offload (ZeRO: the optimizer on the host)",
-    "compress": "compression (codecs on the GPU or in the copy engine)",
-    "uvm": "unified memory (the driver pages on demand)",
-    "search": "search: MILP and genetic planners (time-limited, up to --time-limit a plan)",
+    "baseline": "baseline", "swap": "swap: tensors to host memory or SSD and back",
+    "recompute": "recompute (activation checkpointing): nothing leaves the GPU",
+    "swap + recompute": "swap + recompute: each tensor swapped or recomputed, whichever costs less",
+    "placement": "placement: a swap plan with one arena placed offline (no fragmentation)",
+    "compression": "compression: codecs on the GPU or in the copy engine",
+    "CPU offload": "CPU offload (ZeRO): the optimizer step on the host CPU",
+    "unified memory": "unified memory: the driver pages on demand",
 }
 QUICK = ("none", "vdnn", "lms", "capuchin", "g10", "chen", "uvm")   # compare's default: one or two per
                                                                      # family, each seconds on 11k ops
@@ -200,17 +223,52 @@ START_HERE = ("start here: capuchin (swaps and recomputes, seconds); g10 where t
 
 def register(name: str, summary: str, params: tuple[Param, ...] = (), moves_persistent: bool = False,
              paper: str = "", recomputes: bool = False, cpu_phases: tuple[str, ...] = (), memory: str = "explicit",
-             variants: str | None = None, searches: bool = False):
+             variants: str | None = None, searches: bool = False, family: str | None = None):
     """Decorator: register a planner function under ``name`` (``variants``: the name of
     its boolean parameter that lets it choose op variants, for a planner that may;
-    ``searches``: it runs until the time limit, as solvers and genetic searches do)."""
+    ``searches``: it runs until the time limit, as solvers and genetic searches do;
+    ``family``: where its flags do not say it, see ``PlannerSpec.family``)."""
     def wrap(func: Callable[..., Draft]) -> Callable[..., Draft]:
         if name in REGISTRY:
             raise ValueError(f"planner {name!r} registered twice")
         REGISTRY[name] = PlannerSpec(name, func, summary, tuple(params), moves_persistent, paper, recomputes,
-                                     tuple(cpu_phases), memory, variants, searches)
+                                     tuple(cpu_phases), memory, variants, searches, family)
         return func
     return wrap
+
+
+FAMILY_NAMES = {   # what --planners accepts for a family (as ``family:NAME`` or NAME alone)
+    "baseline": "baseline", "swap": "swap", "recompute": "recompute", "swap+recompute": "swap + recompute",
+    "swap-recompute": "swap + recompute", "placement": "placement", "compression": "compression",
+    "compress": "compression", "cpu-offload": "CPU offload", "offload": "CPU offload", "zero": "CPU offload",
+    "uvm": "unified memory", "unified-memory": "unified memory",
+}
+
+
+def select_planners(text: str, where: str = "--planners") -> list[str]:
+    """The planners a comma-separated list names, in order and once each: planner names,
+    ``quick`` (``QUICK``), ``all``, and families (``family:uvm`` or ``uvm``, ``swap``,
+    ``recompute``, ``swap+recompute``, ``placement``, ``compression``, ``cpu-offload``,
+    ``baseline``). InputError for a name that is none of these."""
+    _load_all()
+    chosen: list[str] = []
+    for token in (t.strip() for t in text.split(",")):
+        if not token:
+            continue
+        key = token.lower().removeprefix("family:").replace(" ", "")
+        if token in REGISTRY and not token.lower().startswith("family:"):
+            chosen.append(token)
+        elif key == "all":
+            chosen += sorted(REGISTRY)
+        elif key == "quick":
+            chosen += QUICK
+        elif key in FAMILY_NAMES:
+            chosen += [name for name in sorted(REGISTRY) if REGISTRY[name].family == FAMILY_NAMES[key]]
+        else:
+            raise InputError("<argument>", where, f"unknown planner or family {token!r} (planners: "
+                             f"{', '.join(sorted(REGISTRY))}; families: {', '.join(sorted(FAMILY_NAMES))}; "
+                             "quick; all)")
+    return list(dict.fromkeys(chosen))
 
 
 def get_planner(name: str) -> PlannerSpec:

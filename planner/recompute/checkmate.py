@@ -245,6 +245,7 @@ def _chen(profile, hardware, budget, sim):
                   low=0.0, high=1.0)),
     moves_persistent=False,
     recomputes=True,
+    family="recompute",
     paper="Jain et al., Checkmate: Breaking the Memory Wall with Optimal Tensor Rematerialization, MLSys 2020",
     searches=True,
 )

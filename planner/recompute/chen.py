@@ -48,6 +48,7 @@ from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
                                  "instead of re-running the segment before its backward")),
     moves_persistent=False,
     recomputes=True,
+    family="recompute",
     paper="Chen et al., Training Deep Nets with Sublinear Memory Cost, arXiv:1604.06174, 2016",
 )
 def plan_chen(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, segments=0, lazy=False):

@@ -76,6 +76,7 @@ def knapsack(weights: np.ndarray, costs: np.ndarray, need: int) -> list[int]:
                   low=1, high=100),),
     moves_persistent=False,
     recomputes=True,
+    family="recompute",
     paper="PyTorch, torch._functorch.config.activation_memory_budget (min-cut partitioner with a "
           "knapsack over recomputable activations, PyTorch 2.4+)",
 )

@@ -123,7 +123,8 @@ def arena_within(sim, budget_bytes, actions):
                                           "says it pays"),
                   Param("arena", True, "give the plan an offline placement (SmartPool's colouring, R50)")),
           paper="Shriram, Garg, Kulkarni, Dynamic Memory Management for GPU-Based Training of Deep Neural "
-                "Networks, IPDPS 2019")
+                "Networks, IPDPS 2019",
+          family="placement")
 def plan_vdnn_plus(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, mode="all", compress=True,
                    arena=True):
     base = plan_vdnn(profile, hardware, budget_bytes, options=options, mode=mode)

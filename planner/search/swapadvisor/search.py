@@ -64,6 +64,8 @@ def run_seeds(profile, hardware, budget: int, names: list[str], options: RunOpti
                         actions=tuple(draft.actions), initial=dict(draft.initial),
                         schedule=None if draft.schedule is None else tuple(draft.schedule))
             seeds.append(Seed(name, draft, simulator.score(plan, budget).rank()))
+        except MemoryError:   # the machine's limit, not the seed's: the run stops (one line, exit 2)
+            raise
         except Exception as exc:  # a seed that fails is left out; the search goes on
             failed[name] = f"{type(exc).__name__}: {exc}"[:200]
     return seeds, failed
