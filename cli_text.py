@@ -144,7 +144,7 @@ def print_train(r: dict) -> None:
 
 def print_comparison(rows: list[dict]) -> None:
     """Per (profile, machine): overhead by planner and budget, the best per budget marked."""
-    from compare.report import bound_text, budget_label, cell_text, gap_text, grids
+    from compare.grid import bound_text, budget_label, cell_text, gap_text, grids
 
     for grid in grids(rows):
         lines = []

@@ -23,7 +23,7 @@ BELOW_FLOOR, TIMEOUT, ERROR = "below-floor", "timeout", "error"
 
 # Columns of a result row, in the order results.csv writes them.
 # ``family``, ``cell_bound_us`` and ``gap_to_cell_bound`` depend on the other rows of the
-# budget's column: compare.report.annotate fills them whenever the rows are written.
+# budget's column: compare.grid.annotate fills them whenever the rows are written.
 COLUMNS = ("profile", "hardware", "planner", "family", "params", "seed", "budget", "budget_bytes", "capped",
            "status", "planner_status", "fallback", "feasible", "iteration_us", "ideal_us", "overhead",
            "lower_bound_us", "gap_to_bound", "bound", "cell_bound_us", "gap_to_cell_bound", "peak_bytes",

@@ -6,7 +6,7 @@
 - ``family_figure``: per (profile, machine), the best plan of each family against budget,
   one line per family.
 
-Colours are ``report.FAMILY_COLORS``: a family has the same colour in every chart.
+Colours are ``grid.FAMILY_COLORS``: a family has the same colour in every chart.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from .cells import BELOW_FLOOR, OK  # noqa: E402
-from .report import (FAMILY_COLORS, OTHER, TOP, Grid, best_per_family, bound_overhead, budget_label,  # noqa: E402
-                     cell_text, families_in, is_fallback, only_uvm_bound, ranking)
+from .grid import (FAMILY_COLORS, OTHER, TOP, Grid, best_per_family, bound_overhead, budget_label,  # noqa: E402
+                   cell_text, families_in, is_fallback, only_uvm_bound, ranking)
 
 LINTHRESH = 1.0     # symlog axes: linear up to 1%, logarithmic above
 FAMILY_MARKERS = dict(zip(FAMILY_COLORS, "osD^vPph*"))   # fixed too: overlapping points stay apart

@@ -107,7 +107,7 @@ class ResultStore:
         write_atomic(self.out / PLANS / cell.plan_file, text.encode())
 
     def save_rows(self, rows: list[dict]) -> None:
-        from .report import annotate
+        from .grid import annotate
         annotate(rows)   # family and the column's bound: they depend on the other rows
         write_atomic(self.out / RESULTS_JSON,
                      (json.dumps({"columns": list(COLUMNS), "rows": rows}, indent=1, allow_nan=False) + "\n").encode())

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from cli import app
 from compare.cells import COLUMNS, run_cell
-from compare.report import grids
+from compare.grid import grids
 from compare.sweep import expand_cells, run_sweep
 from planner.core.registry import REGISTRY, Draft, PlannerSpec
 from simulator.catalog import open_profile

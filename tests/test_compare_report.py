@@ -18,9 +18,9 @@ from matplotlib.colors import to_hex  # noqa: E402
 
 from compare.cells import COLUMNS, fallback_reason, run_cell  # noqa: E402
 from compare.charts import bar_figure, bar_layout, family_figure, png  # noqa: E402
-from compare.report import (FAMILY_COLORS, OTHER, TOP, UVM_BOUND, annotate, best_per_family, bound_text,  # noqa: E402
-                            cell_bound, cell_bound_text, family_of, grids, html_report, is_fallback, ranking,
-                            write_report)
+from compare.grid import (FAMILY_COLORS, OTHER, TOP, UVM_BOUND, annotate, best_per_family, bound_text,  # noqa: E402
+                          cell_bound, cell_bound_text, family_of, grids, is_fallback, ranking)
+from compare.report import html_report, write_report  # noqa: E402
 from compare.sweep import ResultStore, expand_cells  # noqa: E402
 from planner.core.registry import FAMILIES, select_planners  # noqa: E402
 
