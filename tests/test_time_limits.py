@@ -10,7 +10,7 @@ import pytest
 
 from compare.cells import TIMEOUT, CellTimeout, hard_limit_s, run_cell
 from compare.sweep import expand_cells, run_sweep
-from planner.core.registry import planners
+from planner.core.registry import REGISTRY, PlannerSpec, planners
 
 LIMIT = 0.2
 PROFILE = "gpt2-b48-s1024"
@@ -29,8 +29,22 @@ def test_every_planner_ends_by_the_cells_hard_limit(tmp_path):
     assert time.perf_counter() - started <= len(names) * (hard + 1.0)
 
 
-def test_a_cell_past_its_limit_is_recorded_as_a_timeout():
-    cell = expand_cells([PROFILE], ["a100-40gb-pcie4"], ["swapadvisor"], ["50%"], time_limit=LIMIT)[0]
+def _stubborn(profile, hardware, budget, *, options):
+    """A planner that catches every Exception and runs on (as swapadvisor's seed loop did),
+    for 5 s at most, then returns an empty plan."""
+    from planner.core.registry import Draft
+    end = time.perf_counter() + 5.0
+    while time.perf_counter() < end:
+        try:
+            time.sleep(0.01)
+        except Exception:   # noqa: BLE001
+            pass
+    return Draft()
+
+
+def test_a_planner_that_catches_every_exception_is_still_stopped_as_a_timeout(monkeypatch):
+    monkeypatch.setitem(REGISTRY, "stubborn", PlannerSpec("stubborn", _stubborn, "test planner"))
+    cell = expand_cells([PROFILE], ["a100-40gb-pcie4"], ["stubborn"], ["50%"], time_limit=LIMIT)[0]
     row, plan_text = run_cell(cell)
     assert row["status"] == TIMEOUT and plan_text is None and row["planning_seconds"] <= hard_limit_s(LIMIT) + 0.5
 
