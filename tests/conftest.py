@@ -65,3 +65,19 @@ def two_layer_dict():
 @pytest.fixture
 def two_layer(two_layer_dict):
     return profile_from_dict(two_layer_dict)
+
+
+def run_cli_in(folder, *args):
+    """``swapplan ARGS`` through click's runner with ``folder`` as the working directory
+    (relative outputs land there); the result, with stdout and stderr apart."""
+    import os
+
+    from click.testing import CliRunner
+
+    from cli import app
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        return CliRunner().invoke(app, [str(a) for a in args], obj={"debug": False})
+    finally:
+        os.chdir(cwd)

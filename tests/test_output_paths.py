@@ -10,23 +10,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from cli import _compare_writes, app
+from cli import _compare_writes
 from simulator.errors import InputError
 from simulator.files import check_output_folder, check_outputs, same_file
 from simulator.hardware import preset_dir
+from tests.conftest import run_cli_in as run
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
-
-
-def run(folder: Path, *args):
-    cwd = os.getcwd()
-    os.chdir(folder)
-    try:
-        return CliRunner().invoke(app, [str(a) for a in args], obj={"debug": False})
-    finally:
-        os.chdir(cwd)
 
 
 @pytest.fixture(scope="module")

@@ -8,20 +8,17 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import os
 import random
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from cli import app
 from planner.core.api import make_plan
 from simulator.api import check_static
 from simulator.hardware import load_hardware
 from simulator.plan import plan_json
 from simulator.profile import load_profile, save_profile
-from tests.conftest import TWO_LAYER_OPS, TWO_LAYER_TENSORS, make_profile
+from tests.conftest import TWO_LAYER_OPS, TWO_LAYER_TENSORS, make_profile, run_cli_in as run
 from tests.hostile import two_layer_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,15 +26,6 @@ PLANNERS = ["lms", "capuchin", "modnn", "chen", "sentinel", "cdma", "layrub", "c
             "zero-offload", "zero-infinity", "uvm", "deepum"]
 MUTATIONS = 12        # per planner plan
 FUZZED = 120          # fuzz_cli mutations of the two-layer seed plan
-
-
-def run(folder: Path, *args):
-    cwd = os.getcwd()
-    os.chdir(folder)
-    try:
-        return CliRunner().invoke(app, [str(a) for a in args], obj={"debug": False})
-    finally:
-        os.chdir(cwd)
 
 
 def _fuzz_cli():
