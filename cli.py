@@ -875,7 +875,7 @@ def variants_cmd(profile, source, output) -> None:
 @app.command("planners")
 @click.option("--json", "as_json", is_flag=True, help="Print the planners and their parameters as JSON.")
 def planners_cmd(as_json: bool) -> None:
-    """List the planners and their parameters."""
+    """List the planners by family (after where to start) and their parameters."""
     from planner.core.registry import planners
 
     from planner.core.registry import FAMILIES, START_HERE
