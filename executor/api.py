@@ -8,13 +8,15 @@ profile, plan, machine and budget, each with its relative error.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from simulator.api import simulate
 from simulator.compile.compiled import LINKS, compile_machine
+from simulator.compile.splits import split_profile
 from simulator.errors import InputError
 from simulator.hardware import Hardware
 from simulator.plan import Plan, check_plan
-from simulator.profile import Profile
+from simulator.profile import Profile, profile_sha256
 from simulator.run.engine import resolve_budget
 
 from .arena import PlacedArena, align
@@ -80,6 +82,10 @@ def replay(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int |
         require_cuda()                  # before any work: no CuPy or no GPU is one line at once
     refuse_uvm(plan)
     machine = compile_machine(hardware)
+    if plan.splits:   # R54: replay the profile the plan runs, its split ops as their chunks
+        check_plan(plan, profile, machine.has_ssd, machine.cpu is not None)
+        profile = split_profile(profile, plan.splits, plan.origin)
+        plan = replace(plan, splits={}, profile_sha256=profile_sha256(profile))
     check_plan(plan, profile, machine.has_ssd, machine.cpu is not None)
     if plan.uses_cpu:
         raise InputError(plan.origin, "cpu_ops", "the executor does not replay ops on the CPU or SSD <-> host "

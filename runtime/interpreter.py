@@ -124,6 +124,10 @@ class PlannedInterpreter:
         if self.plan.uses_codecs:
             raise InputError("<plan>", "actions", "the runtime moves tensors as they are; plans with codecs "
                                                   "(compressed transfers, encode, decode) are not followed yet")
+        if self.plan.splits:
+            ops = ", ".join(f"{op_id} in {k}" for op_id, k in sorted(self.plan.splits.items()))
+            raise InputError("<plan>", "splits", f"the runtime runs every op whole; it cannot run split ops (R54) "
+                                                 f"yet: {ops}. `swapplan simulate` scores this plan")
         if getattr(self.plan, "memory", "explicit") != "explicit":
             raise InputError("<plan>", "memory", f"the runtime follows explicit copies; {self.plan.memory!r} "
                                                  "(managed memory) plans are not followed")

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import gc
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 
 from .compile.compiled import compile_machine, compile_profile
 from .compile.lower import compile_program
 from .compile.program import PlanInvalid
+from .compile.splits import check_splits, split_profile
 from .fast import explicit as fastpath, uvm as fastuvm
 from .hardware import Hardware, check_uvm_scale
 from .plan import Plan, check_plan
@@ -44,6 +46,7 @@ class Simulator:
         self.machine = compile_machine(hardware)
         self._names = None
         self._uvm_scale_checked = False
+        self._split: dict[tuple, "Simulator"] = {}
 
     def budget(self, plan: Plan, budget_bytes: int | None = None) -> int:
         """R2: the budget a plan runs under."""
@@ -65,6 +68,9 @@ class Simulator:
         profile, an SSD action on a machine without one) and a budget above the GPU's
         memory. A plan that breaks a rule is a Result with ``valid`` False.
         """
+        if plan.splits:
+            sim, inner = self.split(plan)
+            return self._as_whole(sim.simulate(inner, budget_bytes, record, reference, allocator))
         with _gc_paused():
             check_plan(plan, self.profile, self.machine.has_ssd, self.machine.cpu is not None)
             budget = self.budget(plan, budget_bytes)
@@ -77,6 +83,30 @@ class Simulator:
             if record or reference:
                 return self._reference(plan, budget, record)
             return self._run(plan, budget)
+
+    def split(self, plan: Plan) -> tuple["Simulator", Plan]:
+        """R54: the Simulator of the profile a plan with ``splits`` runs (``split_profile``,
+        made once per set of splits) and the plan as that profile's: its actions name
+        chunks and slices (``o7/2``, ``t3/1``). InputError for a plan made for another
+        profile or a bad split."""
+        if plan.profile_sha256 and plan.profile_sha256 != self.compiled.sha256:
+            check_plan(plan, self.profile, self.machine.has_ssd, self.machine.cpu is not None)   # words it
+        check_splits(self.profile, plan.splits, plan.origin)
+        key = tuple(sorted(plan.splits.items()))
+        sim = self._split.get(key)
+        if sim is None:
+            sim = self._split[key] = Simulator(split_profile(self.profile, plan.splits, plan.origin), self.hardware)
+        return sim, replace(plan, splits={}, profile_sha256=sim.compiled.sha256)
+
+    def _as_whole(self, result):
+        """A split plan's Result or Score against this profile's ideal (R54: the chunks'
+        launches are overhead, as a slower variant's time is, R52)."""
+        ideal = self.profile.ideal_us
+        if result.valid and ideal > 0:
+            result = replace(result, overhead=result.iteration_us / ideal - 1.0)
+            if hasattr(result, "ideal_us"):
+                result.ideal_us = ideal
+        return result
 
     def _run(self, plan: Plan, budget: int) -> Result:
         """The Result with no timeline of a plan the explicit C path does not run: a UVM
@@ -136,6 +166,9 @@ class Simulator:
             return self._score(plan(), budget_bytes)
 
     def _score(self, plan: Plan, budget_bytes: int | None) -> Score:
+        if plan.splits:
+            sim, inner = self.split(plan)
+            return self._as_whole(sim._score(inner, budget_bytes))
         budget = self.budget(plan, budget_bytes)
         check = partial(check_plan, plan, self.profile, self.machine.has_ssd, self.machine.cpu is not None)
         if fastpath.available() and not plan.reference_only:   # packing and C check the structure; check_plan words errors
@@ -188,6 +221,9 @@ def check_static(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes:
     reports), None for a plan that simulate finds valid. ``simulator``: one already
     made for this profile and machine."""
     sim = simulator if simulator is not None else Simulator(profile, hardware)
+    if plan.splits:
+        sim, plan = sim.split(plan)
+        profile = sim.profile
     with _gc_paused():
         check_plan(plan, profile, sim.machine.has_ssd, sim.machine.cpu is not None)
         sim.budget(plan, budget_bytes)

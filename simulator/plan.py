@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import importlib.resources
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
 import jsonschema
 
 from .compile.arena import Placement
+from .compile.splits import split_profile
 from .errors import InputError
 from .fields import is_id_list
 from .files import read_document, write_atomic
@@ -147,6 +148,7 @@ class Plan:
     allow_lossy: bool = False                  # lossy codecs (fp16, bf16, int8) may be used (R40)
     placement: Placement | None = None         # an offset per GPU allocation in one arena (R50)
     variants: dict[str, str] = field(default_factory=dict)   # op id -> the variant it runs (R52)
+    splits: dict[str, int] = field(default_factory=dict)     # op id -> the chunks it runs in (R54)
     origin: str = field(default="<plan>", compare=False)
 
     @property
@@ -205,6 +207,8 @@ class Plan:
             data["placement"] = self.placement.to_dict()
         if self.variants:
             data["variants"] = dict(sorted(self.variants.items()))
+        if self.splits:
+            data["splits"] = dict(sorted(self.splits.items()))
         return data
 
 
@@ -280,6 +284,7 @@ def plan_from_dict(data, file: str = "<plan>") -> Plan:
         placement=None if data.get("placement") is None else
         Placement(data["placement"]["arena_bytes"], dict(data["placement"]["offsets"])),
         variants=dict(data.get("variants") or {}),
+        splits=dict(data.get("splits") or {}),
         origin=file,
     )
 
@@ -410,6 +415,9 @@ def check_plan(plan: Plan, profile: Profile, has_ssd: bool = True, has_cpu: bool
         raise InputError(file, "profile.sha256",
                          f"plan was made for another profile ({plan.profile_name!r}); "
                          f"it does not match {profile.name!r}")
+    if plan.splits:   # R54: the actions name the chunks and slices of the profile the plan runs
+        profile = split_profile(profile, plan.splits, file)
+        plan = replace(plan, splits={}, profile_sha256=None)
     if len(plan.actions) > MAX_COUNT:
         raise InputError(file, "actions", f"{len(plan.actions)} actions; at most {MAX_COUNT} are supported (R23)")
     if plan.schedule is not None:

@@ -44,6 +44,8 @@ _FX_FIELD = "fx"
 _DENSITY_FIELD = "density"
 _VARIANTS_FIELD = "variants"
 _RERUN_FIELD = "rerun_outputs"
+_SPLIT_FIELD = "split"
+SPLIT_AXES = ("batch", "rows", "vocabulary", "elements")
 FX_REWRITES = ("inplace_accumulate", "foreach_split")
 INPUT_ROLES = ("parameter", "buffer", "optimizer_state", "batch", "target")
 
@@ -135,6 +137,20 @@ class Variant:
 
 
 @dataclass(frozen=True, slots=True)
+class Split:
+    """How an op may run in chunks (R54): over which axis (``SPLIT_AXES``: the batch, the
+    rows of a cross-entropy, its vocabulary, or the elements of an elementwise op), at
+    most how many chunks, and what each chunk costs beyond its share of the work (a
+    kernel launch)."""
+    over: str
+    max_chunks: int = 64
+    launch_us: float = 5.0
+
+    def to_dict(self) -> dict:
+        return {"over": self.over, "max_chunks": self.max_chunks, "launch_us": float(self.launch_us)}
+
+
+@dataclass(frozen=True, slots=True)
 class Op:
     """One kernel (or fused group) of the iteration."""
     id: str
@@ -150,6 +166,7 @@ class Op:
     fx: OpNode | None = None
     variants: tuple[Variant, ...] = ()       # other algorithms a plan may choose (R52)
     rerun_outputs: tuple[str, ...] | None = None   # what a re-run makes (R15); None: every output
+    split: Split | None = None               # it may run in chunks (R54); None: only whole
 
     def remade(self) -> tuple[str, ...]:
         """The outputs a re-run of the op makes (R15): ``rerun_outputs``, else every output
@@ -178,6 +195,8 @@ class Op:
             data["variants"] = [v.to_dict() for v in self.variants]
         if self.rerun_outputs is not None:
             data["rerun_outputs"] = list(self.rerun_outputs)
+        if self.split is not None:
+            data["split"] = self.split.to_dict()
         if self.fx is not None:
             data["fx"] = self.fx.to_dict()
         return data
@@ -745,7 +764,7 @@ def _op_from_dict(item, file: str, i: int) -> Op:
     r = Reader(item, file, f"ops[{i}]")
     oid = r.string("id")
     r.where = f"ops[{i}] ({oid})"
-    r.reject_unknown(_OP_FIELDS | {_FX_FIELD, _VARIANTS_FIELD, _RERUN_FIELD})
+    r.reject_unknown(_OP_FIELDS | {_FX_FIELD, _VARIANTS_FIELD, _RERUN_FIELD, _SPLIT_FIELD})
     flops = r.get("flops", None)
     outputs = tuple(r.string_list("outputs", default=[]))
     return Op(
@@ -762,7 +781,25 @@ def _op_from_dict(item, file: str, i: int) -> Op:
         fx=_op_node(r),
         variants=_variants(r),
         rerun_outputs=_rerun_outputs(r, outputs),
+        split=_split(r),
     )
+
+
+def _split(r: Reader) -> Split | None:
+    """The optional ``split`` of an op (R54): {over, max_chunks (2 to 4096, default 64),
+    launch_us (default 5)}."""
+    if _SPLIT_FIELD not in r.data:
+        return None
+    s = r.mapping(_SPLIT_FIELD)
+    s.reject_unknown({"over", "max_chunks", "launch_us"})
+    over = s.string("over", choices=SPLIT_AXES)
+    most = s.integer("max_chunks", default=64)
+    if not 2 <= most <= 4096:
+        raise s.error("max_chunks", f"must be from 2 to 4096, got {most}")
+    launch = s.number("launch_us", default=5.0)
+    if not launch < MAX_US:
+        raise s.error("launch_us", f"must be below 10^9 us, got {launch}")
+    return Split(over, most, float(launch))
 
 
 def _rerun_outputs(r: Reader, outputs: tuple[str, ...]) -> tuple[str, ...] | None:

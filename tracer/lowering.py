@@ -62,6 +62,7 @@ from tracer.dtypes import dtype_name
 from tracer.node_identity import flat_tensors, is_random, node_values, overload_name, qualified, written_args
 from tracer.optim import state_names
 from tracer.roofline import kernel_time_us
+from tracer.splittable import split_rule
 from tracer.step import LOSS_MODULE, ROOT_MODULE, TrainStep
 
 _ALLOC_ONLY = ("empty.memory_format", "empty_like.default", "empty_strided.default",
@@ -538,7 +539,7 @@ def _finish(low: _Lowering, step: TrainStep, optimizer: str, runtime: bool = Fal
                       outputs=tuple(ids[t.index] for t in raw.outputs if t.index in ids),
                       updates=tuple(ids[t.index] for t in raw.updates if t.index in ids),
                       workspace_bytes=raw.workspace, flops=float(raw.flops), module=raw.module,
-                      fx=_op_node(raw) if runtime else None))
+                      fx=_op_node(raw) if runtime else None, split=split_rule(raw.name)))
     return tensors, ops
 
 

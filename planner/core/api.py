@@ -16,6 +16,7 @@ from simulator.run.engine import check_budget
 
 from .analysis import budget_floor, uvm_floor
 from .bound import Bound, bound_fields, lower_bound
+from .splitting import choose_splits
 from .grouping import group_actions
 from .registry import RunOptions, get_planner
 
@@ -56,6 +57,16 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     else:
         floor, floor_op = budget_floor(profile, spec.moves_persistent, spec.cpu_phases,
                                        variants=spec.chooses_variants(resolved))
+    splits, whole_sim, whole_sha, whole_floor, whole_floor_op = {}, sim, sim.compiled.sha256, floor, floor_op
+    if budget_bytes < floor and spec.memory != "uvm":   # R54: an op alone over the budget may run in chunks
+        splits = choose_splits(profile, budget_bytes, spec.moves_persistent, spec.cpu_phases,
+                               variants=spec.chooses_variants(resolved))
+        if splits:
+            sim = sim.split(Plan(profile.name, profile_sha256=sim.compiled.sha256, splits=splits))[0]
+            profile = sim.profile
+            options = replace(options, simulator=sim)
+            floor, floor_op = budget_floor(profile, spec.moves_persistent, spec.cpu_phases,
+                                           variants=spec.chooses_variants(resolved))
     if budget_bytes < floor:
         why = (f"op {floor_op!r} needs its working set, and weights and optimizer state stay on the GPU"
                if not spec.moves_persistent else f"the working set of op {floor_op!r}")
@@ -75,6 +86,11 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     result = sim.simulate(plan, budget_bytes)  # the plan as exported
     if group and plan.memory == "explicit":
         plan, result = _grouped(sim, budget_bytes, plan, result, draft.notes)
+    if splits:   # exported against the profile as given, with the splits it runs
+        draft.notes["splits"] = (f"{len(splits)} ops run in {next(iter(splits.values()))} chunks (R54): op "
+                                 f"{whole_floor_op!r} alone needs {whole_floor} bytes, more than the budget")
+        plan = replace(plan, profile_sha256=whole_sha, splits=dict(splits))
+        result = whole_sim._as_whole(result)
     # the bound of the plan's kind: what the planner declares, and what its plan does (a fallback's plan
     # may do more), so that no plan is ever below its own bound
     recomputes, moves_persistent = _what_it_does(profile, plan)

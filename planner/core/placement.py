@@ -149,6 +149,8 @@ def lifetimes(sim: Simulator, plan: Plan, budget_bytes: int | None):
     profile and machine: each GPU allocation as (key, bytes, start ps, end ps, still held
     at the end); a zero-length one holds one ps. Zero-byte allocations take no room but
     need a key too; tied keys (:func:`tied_keys`) must share an offset."""
+    if plan.splits:   # R54: the allocations are the chunks' and slices'
+        sim, plan = sim.split(plan)
     profile = sim.profile
     bare = replace(plan, placement=None)
     check_plan(bare, profile, sim.machine.has_ssd, sim.machine.cpu is not None)

@@ -1,0 +1,97 @@
+"""Which ops to split (R54) when an op's working set alone is over the budget.
+
+No plan that runs an op whole can go below that op's working set (its inputs, outputs
+and workspace). When such an op is marked splittable, running it in k chunks leaves
+whole only what it cannot slice; its big tensors are sliced when their producer and
+every reader run in k chunks too, so those ops are split with it (the chain a chunked
+cross-entropy runs: logits, log-softmax, loss and their gradients, row block by row
+block). ``choose_splits`` picks the ops and the smallest k (a power of two up to their
+``max_chunks``) at which what the chunks hold at once fits the budget and is within 5% of
+the budget of what any k reaches (each chunk costs a launch, and past that point more
+chunks save nothing); when no k lets them hold it all, the smallest k whose chunks' own
+working sets fit in the same way, a plan then moving slices between chunks.
+"""
+from __future__ import annotations
+
+from simulator.compile.splits import split_profile
+from simulator.profile import Profile
+
+from .analysis import budget_floor, working_set
+
+MARGIN = 0.05   # of the budget: more chunks than needed to come this close to the best are not taken
+
+
+def choose_splits(profile: Profile, budget_bytes: int, moves_persistent: bool = False,
+                  cpu_phases: tuple[str, ...] = (), variants: bool = False) -> dict[str, int]:
+    """{op id: chunks} that bring every op whose working set is over ``budget_bytes``
+    within it by splitting (the module docstring); {} when none is over, or when one that
+    is over is not splittable or stays over at any k."""
+    base = 0 if moves_persistent else profile.persistent_bytes
+    over = [i for i, op in enumerate(profile.ops) if op.phase not in cpu_phases and
+            base + working_set(profile, i, include_persistent=moves_persistent, variants=variants) > budget_bytes]
+    if not over:
+        return {}
+    group = _group(profile, over)
+    if group is None:
+        return {}
+    most = min(profile.ops[i].split.max_chunks for i in group)
+    ids = [profile.ops[i].id for i in group]
+    held, floors = {}, {}   # per k: what the chunks hold at once, and the floor of the split profile
+    k = 2
+    while k <= most:
+        splits = {op_id: k for op_id in ids}
+        split = split_profile(profile, splits)
+        held[k] = base + _chunk_need(split, splits, moves_persistent)
+        floors[k] = budget_floor(split, moves_persistent, cpu_phases, variants=variants)[0]
+        k *= 2
+    for needs in (held, floors):   # chunks that fit whole, else chunks whose slices a plan may move between them
+        fit = {k: need for k, need in needs.items() if need <= budget_bytes}
+        if fit:
+            least = min(fit.values())
+            chosen = min(k for k, need in fit.items() if need <= least + MARGIN * budget_bytes)
+            return {op_id: chosen for op_id in ids}
+    return {}
+
+
+def _group(profile: Profile, over: list[int]) -> list[int] | None:
+    """The ops over the budget with the producers and readers of their non-persistent
+    tensors, when all of those are splittable (then the tensors are sliced); an op over
+    the budget that is not splittable: None. A tensor whose producer or a reader is not
+    splittable stays whole, and its ops are not added for it."""
+    group = set()
+    for i in over:
+        op = profile.ops[i]
+        if op.split is None:
+            return None
+        group.add(i)
+        for tid in dict.fromkeys(op.inputs + op.outputs):
+            tensor = profile.tensor_by_id[tid]
+            made = profile.producer.get(tid)
+            if tensor.persistent or made is None or profile.updaters.get(tid):
+                continue
+            family = [made, *profile.consumers.get(tid, ())]
+            if all(profile.ops[q].split is not None for q in family):
+                group.update(family)
+    return sorted(group)
+
+
+def _chunk_need(split: Profile, splits: dict[str, int], moves_persistent: bool) -> int:
+    """The most bytes the chunks of the split ops hold at once: at each chunk, what it
+    touches (its working set) and the slices of the same ops' tensors live around it
+    (those not yet freed, those already made), which a plan would otherwise have to move
+    out between one chunk and the next."""
+    names = {f"{op_id}/{j}" for op_id, k in splits.items() for j in range(1, k + 1)}
+    chunks = [i for i, op in enumerate(split.ops) if op.id in names]
+    tensors = split.tensor_by_id
+    touched = {t for i in chunks for op in (split.ops[i],) for t in op.inputs + op.outputs + op.updates
+               if not tensors[t].persistent}
+    spans = {t: split.lifetime(t) for t in touched}
+    best = 0
+    for i in chunks:
+        live = sum(tensors[t].bytes for t, (first, last) in spans.items() if first <= i <= last)
+        need = live + split.ops[i].workspace_bytes
+        if moves_persistent:
+            op = split.ops[i]
+            need += sum(tensors[t].bytes for t in dict.fromkeys(op.inputs + op.updates) if tensors[t].persistent)
+        best = max(best, need)
+    return best
