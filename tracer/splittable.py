@@ -18,7 +18,7 @@ AXIS_BY_OP = {
                      "aten::native_layer_norm", "aten::native_layer_norm_backward"), "rows"),
     **dict.fromkeys(("aten::mm", "aten::addmm", "aten::bmm", "aten::convolution", "aten::convolution_backward",
                      "aten::max_pool2d_with_indices", "aten::max_pool2d_with_indices_backward"), "batch"),
-    **dict.fromkeys(("aten::relu", "aten::threshold_backward", "aten::gelu", "aten::gelu_backward", "aten::add",
+    **dict.fromkeys(("aten::relu", "aten::relu_", "aten::threshold_backward", "aten::gelu", "aten::gelu_backward", "aten::add",
                      "aten::mul", "aten::tanh", "aten::tanh_backward"), "elements"),
 }
 

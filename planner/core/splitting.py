@@ -67,9 +67,9 @@ def _group(profile: Profile, over: list[int]) -> list[int] | None:
         for tid in dict.fromkeys(op.inputs + op.outputs):
             tensor = profile.tensor_by_id[tid]
             made = profile.producer.get(tid)
-            if tensor.persistent or made is None or profile.updaters.get(tid):
+            if tensor.persistent or made is None:
                 continue
-            family = [made, *profile.consumers.get(tid, ())]
+            family = [made, *profile.consumers.get(tid, ()), *profile.updaters.get(tid, ())]
             if all(profile.ops[q].split is not None for q in family):
                 group.update(family)
     return sorted(group)

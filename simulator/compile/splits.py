@@ -2,8 +2,8 @@
 
 An op split into k chunks becomes k ops ``<op>/1`` .. ``<op>/k`` in its place, each with
 1/k of its time (plus its ``launch_us``), of its flops and of its workspace. A tensor is
-*sliced* when its producer and every op that reads it are split with the same k, no op
-updates it and it is not 0-d (a reduction's single value): it becomes k tensors ``<tensor>/1`` .. ``<tensor>/k`` (the bytes shared
+*sliced* when its producer and every op that reads or updates it are split with the same
+k and it is not 0-d (a reduction's single value): it becomes k tensors ``<tensor>/1`` .. ``<tensor>/k`` (the bytes shared
 out, the first ones a byte larger when k does not divide them), chunk j making and
 reading slice j, so a slice is allocated when its chunk of the producer starts and freed
 after its chunk of the last reader, as any tensor is (R6, R7). Every other tensor of a
@@ -39,15 +39,16 @@ def check_splits(profile: Profile, splits: dict, file: str = "<plan>") -> None:
 
 def sliced_tensors(profile: Profile, splits: dict) -> dict[str, int]:
     """Tensor id -> k for the tensors the splits slice: made by an op split k ways, read
-    by at least one op and only by ops split k ways, updated by none, not persistent."""
+    by at least one op, read and updated only by ops split k ways (chunk j reading or
+    updating slice j: an in-place ReLU), not persistent, not 0-d."""
     out = {}
     for op_id, k in splits.items():
         for tid in profile.ops[profile.op_index[op_id]].outputs:
             tensor = profile.tensor_by_id[tid]
             readers = profile.consumers.get(tid, ())
-            if tensor.persistent or not readers or profile.updaters.get(tid) or tensor.shape == ():
+            if tensor.persistent or not readers or tensor.shape == ():
                 continue   # a 0-d tensor (a loss, a count) is a reduction: each chunk adds to it whole
-            if all(splits.get(profile.ops[q].id) == k for q in readers):
+            if all(splits.get(profile.ops[q].id) == k for q in (*readers, *profile.updaters.get(tid, ()))):
                 out[tid] = k
     return out
 
@@ -90,10 +91,11 @@ def _chunks(op: Op, k: int, sliced: dict, taken: set, file: str) -> list[Op]:
         inputs = tuple(part(t) for t in op.inputs)
         if j == 1:
             outputs = tuple(part(t) for t in op.outputs)
-            updates = op.updates
+            updates = tuple(part(t) for t in op.updates)
         else:   # a whole output is made by the first chunk and accumulated into by the rest
             outputs = tuple(part(t) for t in op.outputs if t in sliced)
-            updates = tuple(dict.fromkeys((*op.updates, *(t for t in op.outputs if t not in sliced))))
+            updates = tuple(dict.fromkeys((*(part(t) for t in op.updates),
+                                           *(t for t in op.outputs if t not in sliced))))
         rerun = None if op.rerun_outputs is None else tuple(part(t) for t in op.rerun_outputs if part(t) in outputs)
         chunks.append(Op(id=_chunk_id(op.id, j, taken, file), name=op.name, phase=op.phase,
                          time_us=op.time_us / k + op.split.launch_us, inputs=inputs, outputs=outputs,
