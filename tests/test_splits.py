@@ -168,3 +168,18 @@ def test_gpt2_at_30_percent_has_explicit_plans():
     planned = make_plan(profile, load_hardware("a100-40gb-pcie4"), budget, "capuchin")
     assert planned.result.ok and planned.result.peak_bytes <= budget
     assert planned.plan.splits.get("o242", 0) >= 2
+
+
+def test_a_tensor_updated_in_place_by_split_ops_is_sliced():
+    # a makes x, r updates it in place (a ReLU), b reads it: split alike, r/j updates x/j
+    data = profile_dict({"x": (1000, "activation"), "y": (1000, "activation")},
+                        [("a", "forward", 1.0, [], ["x"]), ("r", "forward", 1.0, [], [], ["x"]),
+                         ("b", "forward", 1.0, ["x"], ["y"]), ("d", "backward", 1.0, ["y"], [])])
+    for op in data["ops"][:3]:
+        op["split"] = {"over": "elements"}
+    profile = profile_from_dict(data)
+    assert sliced_tensors(profile, {"a": 2, "r": 2, "b": 2}) == {"x": 2}
+    assert sliced_tensors(profile, {"a": 2, "b": 2}) == {}        # r runs whole: x stays whole
+    split = split_profile(profile, {"a": 2, "r": 2, "b": 2})
+    assert split.ops[split.op_index["r/2"]].updates == ("x/2",)
+    assert split.ops[split.op_index["b/1"]].outputs == ("y",) and split.ops[split.op_index["b/2"]].updates == ("y",)
