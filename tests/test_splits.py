@@ -183,3 +183,28 @@ def test_a_tensor_updated_in_place_by_split_ops_is_sliced():
     split = split_profile(profile, {"a": 2, "r": 2, "b": 2})
     assert split.ops[split.op_index["r/2"]].updates == ("x/2",)
     assert split.ops[split.op_index["b/1"]].outputs == ("y",) and split.ops[split.op_index["b/2"]].updates == ("y",)
+
+
+def test_a_reduction_over_the_batch_stays_whole():
+    # g reads the sliced x (batch 8) and makes dw (a weight's gradient, its first dimension 4, not 8) and
+    # dx (batch 8): split over the batch, dx is cut along the split and dw is summed into, whole
+    data = profile_dict({"x": (64, "activation"), "dw": (16, "gradient"), "dx": (64, "activation")},
+                        [("a", "forward", 1.0, [], ["x"]), ("g", "backward", 1.0, ["x"], ["dw", "dx"]),
+                         ("h", "backward", 1.0, ["dx", "dw"], [])])
+    data["tensors"][0]["shape"], data["tensors"][1]["shape"], data["tensors"][2]["shape"] = [8, 2], [4, 1], [8, 2]
+    for op in data["ops"]:
+        op["split"] = {"over": "batch"}
+    profile = profile_from_dict(data)
+    assert sliced_tensors(profile, {"a": 2, "g": 2, "h": 2}) == {"x": 2, "dx": 2}
+
+
+def test_a_plan_that_stops_at_a_splittable_op_is_planned_again_split():
+    """torch-budget on GPT-2 b48 at 50%: run whole its plan waits for memory at o242 (the
+    log-softmax gradient with its two 9.2 GiB inputs); make_plan splits the chain there and
+    plans again, and the split plan runs."""
+    from simulator.catalog import open_profile
+    from simulator.hardware import load_hardware
+    profile = open_profile("gpt2-b48-s1024")
+    planned = make_plan(profile, load_hardware("a100-40gb-pcie4"), int(0.5 * profile.peak_bytes), "torch-budget")
+    assert planned.result.ok and planned.plan.splits.get("o242", 0) >= 2
+    assert "waits for memory at op 'o242'" in planned.plan.planner.notes["splits"]

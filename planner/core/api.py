@@ -52,45 +52,39 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     sim = simulator_for(profile, hardware, options)
     options = replace(options or RunOptions(seed=seed), simulator=sim)
     check_budget(budget_bytes, hardware)
-    if spec.memory == "uvm":
-        floor, floor_op = uvm_floor(profile, hardware.uvm.block_bytes, hardware.uvm.fault_batch_blocks)
-    else:
-        floor, floor_op = budget_floor(profile, spec.moves_persistent, spec.cpu_phases,
-                                       variants=spec.chooses_variants(resolved))
-    splits, whole_sim, whole_sha, whole_floor, whole_floor_op = {}, sim, sim.compiled.sha256, floor, floor_op
-    if budget_bytes < floor and spec.memory != "uvm":   # R54: an op alone over the budget may run in chunks
+    explicit = spec.memory != "uvm"
+    floor, floor_op = _floor(spec, resolved, profile, hardware)
+    splits, why_split = {}, None
+    if budget_bytes < floor and explicit:   # R54: an op alone over the budget may run in chunks
         splits = choose_splits(profile, budget_bytes, spec.moves_persistent, spec.cpu_phases,
                                variants=spec.chooses_variants(resolved))
         if splits:
-            sim = sim.split(Plan(profile.name, profile_sha256=sim.compiled.sha256, splits=splits))[0]
-            profile = sim.profile
-            options = replace(options, simulator=sim)
-            floor, floor_op = budget_floor(profile, spec.moves_persistent, spec.cpu_phases,
-                                           variants=spec.chooses_variants(resolved))
+            why_split = f"op {floor_op!r} alone needs {floor} bytes, more than the budget"
+            floor, floor_op = _floor(spec, resolved, sim.split(_splitting(sim, splits))[0].profile, hardware)
     if budget_bytes < floor:
         why = (f"op {floor_op!r} needs its working set, and weights and optimizer state stay on the GPU"
                if not spec.moves_persistent else f"the working set of op {floor_op!r}")
-        if spec.memory == "uvm":
+        if not explicit:
             why = f"op {floor_op!r} needs its outputs, its workspace and one fault batch on the GPU (R32)"
         raise InfeasibleError(f"budget: {budget_bytes} bytes is below the smallest budget planner {planner!r} can "
                               f"meet: {floor} bytes ({why})")
-    started = time.perf_counter()
-    draft = spec.func(profile, hardware, budget_bytes, options=options, **resolved)
-    seconds = time.perf_counter() - started
-    plan = Plan(profile_name=profile.name, profile_sha256=sim.compiled.sha256,
-                actions=tuple(draft.actions), hardware=hardware.name, budget_bytes=budget_bytes,
-                schedule=None if draft.schedule is None else tuple(draft.schedule),
-                initial=dict(draft.initial), cpu_ops=tuple(draft.cpu_ops), memory=draft.memory,
-                read_mostly=tuple(draft.read_mostly), uvm_backing=draft.uvm_backing, allow_lossy=draft.allow_lossy,
-                variants=dict(draft.variants), placement=draft.placement)
-    result = sim.simulate(plan, budget_bytes)  # the plan as exported
-    if group and plan.memory == "explicit":
-        plan, result = _grouped(sim, budget_bytes, plan, result, draft.notes)
-    if splits:   # exported against the profile as given, with the splits it runs
-        draft.notes["splits"] = (f"{len(splits)} ops run in {next(iter(splits.values()))} chunks (R54): op "
-                                 f"{whole_floor_op!r} alone needs {whole_floor} bytes, more than the budget")
-        plan = replace(plan, profile_sha256=whole_sha, splits=dict(splits))
-        result = whole_sim._as_whole(result)
+    plan, result, draft, seconds = _run_planner(spec, resolved, sim, splits, hardware, budget_bytes, options, group)
+    target = _split_target(profile, result, floor_op) if explicit and not splits and not spec.searches else None
+    if target is not None:
+        # the plan does not run: the op it stops at (or the one with the largest working set) run in chunks,
+        # with its tensors' chain, may leave room enough
+        retry = choose_splits(profile, budget_bytes, spec.moves_persistent, spec.cpu_phases,
+                              variants=spec.chooses_variants(resolved), over=[target])
+        if retry:
+            result_whole_op = result.op
+            tried = _run_planner(spec, resolved, sim, retry, hardware, budget_bytes, options, group)
+            if tried[1].ok:
+                plan, result, draft, seconds = tried[0], tried[1], tried[2], seconds + tried[3]
+                splits, why_split = retry, (f"run whole, the plan waits for memory at op {result_whole_op!r} (R10); "
+                                            f"split from op {profile.ops[target].id!r}")
+    if splits:
+        draft.notes["splits"] = f"{len(splits)} ops run in {next(iter(splits.values()))} chunks (R54): {why_split}"
+    profile = sim.split(plan)[0].profile if plan.splits else profile   # the profile the plan's actions name
     # the bound of the plan's kind: what the planner declares, and what its plan does (a fallback's plan
     # may do more), so that no plan is ever below its own bound
     recomputes, moves_persistent = _what_it_does(profile, plan)
@@ -104,6 +98,53 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
                                bound=bound.kind)
     plan.predicted = prediction(result, bound)
     return Planned(plan, result, seconds)
+
+
+def _floor(spec, resolved: dict, profile: Profile, hardware: Hardware) -> tuple[int, str | None]:
+    """The smallest budget a plan of this planner can meet on ``profile``, and the op that sets it."""
+    if spec.memory == "uvm":
+        return uvm_floor(profile, hardware.uvm.block_bytes, hardware.uvm.fault_batch_blocks)
+    return budget_floor(profile, spec.moves_persistent, spec.cpu_phases, variants=spec.chooses_variants(resolved))
+
+
+def _split_target(profile: Profile, result: Result, floor_op: str | None) -> int | None:
+    """For a plan that does not run (valid, over the budget): the splittable op it stops at,
+    else the splittable op that sets the budget floor; None if neither."""
+    if not result.valid or result.ok:
+        return None
+    for op_id in (result.op, floor_op):
+        index = profile.op_index.get(op_id)
+        if index is not None and profile.ops[index].split is not None:
+            return index
+    return None
+
+
+def _splitting(sim: Simulator, splits: dict) -> Plan:
+    """An empty plan with these splits (R54), for ``Simulator.split``."""
+    return Plan(sim.profile.name, profile_sha256=sim.compiled.sha256, splits=dict(splits))
+
+
+def _run_planner(spec, resolved: dict, sim: Simulator, splits: dict, hardware: Hardware, budget_bytes: int,
+                 options: RunOptions, group: bool):
+    """Run the planner (on the split profile when ``splits``) and simulate its plan as
+    exported: (Plan, Result, Draft, seconds). A split plan names the profile as given."""
+    work = sim.split(_splitting(sim, splits))[0] if splits else sim
+    started = time.perf_counter()
+    draft = spec.func(work.profile, hardware, budget_bytes, options=replace(options, simulator=work), **resolved)
+    seconds = time.perf_counter() - started
+    plan = Plan(profile_name=work.profile.name, profile_sha256=work.compiled.sha256,
+                actions=tuple(draft.actions), hardware=hardware.name, budget_bytes=budget_bytes,
+                schedule=None if draft.schedule is None else tuple(draft.schedule),
+                initial=dict(draft.initial), cpu_ops=tuple(draft.cpu_ops), memory=draft.memory,
+                read_mostly=tuple(draft.read_mostly), uvm_backing=draft.uvm_backing, allow_lossy=draft.allow_lossy,
+                variants=dict(draft.variants), placement=draft.placement)
+    result = work.simulate(plan, budget_bytes)
+    if group and plan.memory == "explicit":
+        plan, result = _grouped(work, budget_bytes, plan, result, draft.notes)
+    if splits:
+        plan = replace(plan, profile_sha256=sim.compiled.sha256, splits=dict(splits))
+        result = sim._as_whole(result)
+    return plan, result, draft, seconds
 
 
 def _what_it_does(profile: Profile, plan: Plan) -> tuple[bool, bool]:

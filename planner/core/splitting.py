@@ -22,13 +22,16 @@ MARGIN = 0.05   # of the budget: more chunks than needed to come this close to t
 
 
 def choose_splits(profile: Profile, budget_bytes: int, moves_persistent: bool = False,
-                  cpu_phases: tuple[str, ...] = (), variants: bool = False) -> dict[str, int]:
+                  cpu_phases: tuple[str, ...] = (), variants: bool = False,
+                  over: list[int] | None = None) -> dict[str, int]:
     """{op id: chunks} that bring every op whose working set is over ``budget_bytes``
     within it by splitting (the module docstring); {} when none is over, or when one that
-    is over is not splittable or stays over at any k."""
+    is over is not splittable or stays over at any k. ``over``: split these ops (their
+    positions) instead, as when a plan that runs them whole stops at one."""
     base = 0 if moves_persistent else profile.persistent_bytes
-    over = [i for i, op in enumerate(profile.ops) if op.phase not in cpu_phases and
-            base + working_set(profile, i, include_persistent=moves_persistent, variants=variants) > budget_bytes]
+    if over is None:
+        over = [i for i, op in enumerate(profile.ops) if op.phase not in cpu_phases and
+                base + working_set(profile, i, include_persistent=moves_persistent, variants=variants) > budget_bytes]
     if not over:
         return {}
     group = _group(profile, over)

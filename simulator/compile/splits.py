@@ -3,7 +3,9 @@
 An op split into k chunks becomes k ops ``<op>/1`` .. ``<op>/k`` in its place, each with
 1/k of its time (plus its ``launch_us``), of its flops and of its workspace. A tensor is
 *sliced* when its producer and every op that reads or updates it are split with the same
-k and it is not 0-d (a reduction's single value): it becomes k tensors ``<tensor>/1`` .. ``<tensor>/k`` (the bytes shared
+k, it is not 0-d (a reduction's single value) and, where shapes are known, it is cut along
+the producer's split (its batch, or its rows, those of one of the producer's inputs; a
+weight's gradient, summed over them, is not): it becomes k tensors ``<tensor>/1`` .. ``<tensor>/k`` (the bytes shared
 out, the first ones a byte larger when k does not divide them), chunk j making and
 reading slice j, so a slice is allocated when its chunk of the producer starts and freed
 after its chunk of the last reader, as any tensor is (R6, R7). Every other tensor of a
@@ -48,9 +50,35 @@ def sliced_tensors(profile: Profile, splits: dict) -> dict[str, int]:
             readers = profile.consumers.get(tid, ())
             if tensor.persistent or not readers or tensor.shape == ():
                 continue   # a 0-d tensor (a loss, a count) is a reduction: each chunk adds to it whole
+            if not _along_the_split(profile, profile.ops[profile.op_index[op_id]], tensor):
+                continue   # a weight's gradient summed over the batch: each chunk adds to it whole
             if all(splits.get(profile.ops[q].id) == k for q in (*readers, *profile.updaters.get(tid, ()))):
                 out[tid] = k
     return out
+
+
+def _rows(shape: tuple[int, ...], over: str) -> int:
+    """The extent a split ``over`` the batch (the first dimension) or the rows (every
+    dimension but the last) cuts."""
+    if over == "batch" or len(shape) < 2:
+        return shape[0]
+    rows = 1
+    for dim in shape[:-1]:
+        rows *= dim
+    return rows
+
+
+def _along_the_split(profile: Profile, op: Op, tensor: Tensor) -> bool:
+    """Is an output cut along the op's split? For ``batch`` and ``rows`` splits, when
+    shapes are known, its batch or rows match those of one of the op's non-persistent
+    inputs (a reduction over them, such as a weight's gradient, does not); ``elements``
+    splits and unknown shapes cut every output."""
+    if op.split.over not in ("batch", "rows") or tensor.shape is None:
+        return True
+    mine = _rows(tensor.shape, op.split.over)
+    tensors = profile.tensor_by_id
+    return any(_rows(tensors[t].shape, op.split.over) == mine for t in op.inputs
+               if not tensors[t].persistent and tensors[t].shape)
 
 
 def split_profile(profile: Profile, splits: dict, file: str = "<plan>") -> Profile:
