@@ -21,6 +21,7 @@ from ..errors import InputError
 from ..profile import Op, Profile, Tensor
 
 SEPARATOR = "/"
+_STATE = ("weight", "optimizer_state")   # what a split op reads whole: not the data it is split along
 
 
 def check_splits(profile: Profile, splits: dict, file: str = "<plan>") -> None:
@@ -70,15 +71,14 @@ def _rows(shape: tuple[int, ...], over: str) -> int:
 
 def _along_the_split(profile: Profile, op: Op, tensor: Tensor) -> bool:
     """Is an output cut along the op's split? For ``batch`` and ``rows`` splits, when
-    shapes are known, its batch or rows match those of one of the op's non-persistent
-    inputs (a reduction over them, such as a weight's gradient, does not); ``elements``
-    splits and unknown shapes cut every output."""
+    shapes are known, its batch or rows match those of one of the op's inputs other than
+    weights and optimizer state (a reduction over them, such as a weight's gradient, does
+    not); ``elements`` splits, unknown shapes and ops without such inputs cut every output."""
     if op.split.over not in ("batch", "rows") or tensor.shape is None:
         return True
-    mine = _rows(tensor.shape, op.split.over)
     tensors = profile.tensor_by_id
-    return any(_rows(tensors[t].shape, op.split.over) == mine for t in op.inputs
-               if not tensors[t].persistent and tensors[t].shape)
+    data = [tensors[t].shape for t in op.inputs if tensors[t].kind not in _STATE and tensors[t].shape]
+    return not data or _rows(tensor.shape, op.split.over) in {_rows(shape, op.split.over) for shape in data}
 
 
 def split_profile(profile: Profile, splits: dict, file: str = "<plan>") -> Profile:
