@@ -10,22 +10,47 @@ the GPU before p and is used again after p, so each of its bytes was either
 - recomputed: it was dropped and its producer runs again after p, before its next use.
 
 With A_p the compute time before p, C_p the compute time from p's start to the end,
-S bytes swapped and R recomputed (S + R = E_p), and one PCIe latency each way:
+S bytes swapped and R recomputed (S + R = E_p):
 
-    iteration >= max(A_p, lat + S / up) + max(C_p + recompute_time(R), lat + S / down)
+    iteration >= max(A_p, F_p + lat + S / up) + max(C_p + recompute_time(R), lat + S / down + T_p)
 
 because p cannot start before its predecessors have run nor before S bytes have left,
 and the iteration cannot end before the rest of the compute (and the recomputes) has
-run nor before S bytes have come back. recompute_time(R) is the least producer time
-that regenerates R bytes, taking tensors live and idle at p cheapest per byte first and
-allowing fractions (a relaxation, so still a bound). The bound is the maximum over ops
-of the minimum over S of that expression, and never below the ideal time. The swap-only
-variant fixes R = 0.
+run nor before S bytes have come back and the ops after them have run. Each term is
+implied by the rules of docs/simulation.md:
+
+- lat: the least latency of a copy that way, host or SSD (R17, R18: a transfer waits its
+  latency before it moves a byte; a GPUDirect SSD copy pays the SSD's latency alone).
+  Every copy crosses PCIe, so none moves faster than ``up`` or ``down`` (R17, R18), and
+  all copies that way share that link, so S bytes take S / up of it at least.
+- F_p: the earliest ideal end of the producer of a tensor live at p. An offload of a
+  tensor that is not resident is invalid (R11), so no byte of one leaves before its
+  producer has ended, and no op ends before its ideal end (the compute stream runs the
+  ops one after another, R5, R6). A copy made in an earlier idle interval (dropped and
+  prefetched again since) also left after its producer.
+- T_p: the ideal compute from the latest last use of a tensor live at p to the end. A
+  swapped byte comes back by a prefetch that ends before the op that next uses it starts
+  (R6, R13), at or before that last use, and that op and every op after it still run.
+- recompute_time(R): the least producer time that regenerates R bytes, taking the
+  recomputable tensors idle at p cheapest per byte first and allowing fractions (a
+  relaxation, so still a bound). A re-run regenerates only the tensor it is for (R15), so
+  each tensor pays its producer's whole time. Recomputable: R15 makes a recompute invalid
+  if the producer updates anything in place (a batch norm updates its running
+  statistics) or if the tensor was updated in place after it was produced (an in-place
+  ReLU); an update that ran before p has run before any recompute after p. Such tensors
+  can only be swapped, so S is at least E_p less the recomputable idle bytes.
+
+(F_p and T_p are taken over every live tensor, those p touches too, which only
+loosens them.) The bound is the maximum over ops of the minimum over S of that
+expression, and never below the ideal time. The swap-only variant fixes R = 0.
 
 Where weights and optimizer state may move too (planners that place them off the GPU),
 their idle bytes at p are counted as free to move (a relaxation again). The bound holds
 for every plan that keeps the profile's op order; it ignores SSD speed (an SSD copy also
 crosses PCIe, so it is never faster) and contention between offloads of different ops.
+What it still leaves out, each a relaxation: the memory a recompute needs while it runs
+(the producer's inputs, R15's scratch), that a tensor moves whole, and that one plan must
+serve every op at once (each op is argued alone).
 """
 from __future__ import annotations
 
@@ -34,7 +59,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from simulator.compile.compiled import link_speed
+from simulator.compile.compiled import link_speed, transfer_links
 from simulator.hardware import Hardware
 from simulator.profile import Profile
 
@@ -115,12 +140,17 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
         spare = [op.workspace_bytes - least_workspace(op) for op in profile.ops]
         best = min(best, starts[-1])
     ideal = starts[-1]
-    latency, up = link_speed(hardware, "offload", "host")
+    _, up = link_speed(hardware, "offload", "host")
     _, down = link_speed(hardware, "prefetch", "host")
+    # the least latency of a copy each way, host or SSD (a direct SSD copy pays the SSD's alone, R18)
+    tiers = ("host", "ssd") if hardware.ssd is not None else ("host",)
+    out_latency = min(transfer_links(hardware, "offload", tier)[0] for tier in tiers)
+    back_latency = min(transfer_links(hardware, "prefetch", tier)[0] for tier in tiers)
     tensors = profile.tensor_by_id
     persistent = profile.persistent_bytes
     where = None
     candidates = []
+    first_end, tail = _copy_windows(profile, starts)
     for p, op in enumerate(profile.ops):
         excess = profile.resident_bytes[p] - spare[p] - budget_bytes
         if excess <= 0:
@@ -137,32 +167,64 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
                 continue
         if movable < excess:
             return Bound(float("inf"), op.id, recompute, moves_persistent, feasible=False)
-        swap_only = _expression(starts[p], ideal - starts[p], excess, 0.0, latency, up, down)
-        candidates.append((swap_only, p, excess, touched))
+        # the copies out start after the earliest producer of a tensor live at p has ended;
+        # the last copy back lands before the latest use of one, and the ops from there run after it
+        lags = (first_end[p] + out_latency, back_latency + tail[p])
+        swap_only = _expression(starts[p], ideal - starts[p], excess, 0.0, *lags, up, down)
+        candidates.append((swap_only, p, excess, touched, lags))
     candidates.sort(key=lambda c: -c[0])
     lives = _Lifetimes(profile, times) if recompute and candidates else None
-    for swap_only, p, excess, touched in candidates:
+    for swap_only, p, excess, touched, lags in candidates:
         if swap_only <= best:
             break   # the recompute variant of this op and every later one is no larger
         value = swap_only
         if recompute:
             ratio, size = lives.idle_at(p, touched)
-            value = _with_recompute(ratio, size, starts[p], ideal - starts[p], excess, latency, up, down)
+            value = _with_recompute(ratio, size, starts[p], ideal - starts[p], excess, *lags, up, down)
         if value > best:
             best, where = value, profile.ops[p].id
     return Bound(best, where, recompute, moves_persistent)
 
 
 def _expression(before_us: float, rest_us: float, swapped: float, recompute_us: float,
-                latency: float, up: float, down: float) -> float:
-    out = max(before_us, latency + swapped / up) if swapped > 0 else before_us
-    back = latency + swapped / down if swapped > 0 else 0.0
+                out_lag: float, back_lag: float, up: float, down: float) -> float:
+    """The bound's expression for S = ``swapped`` bytes: the copies out end ``out_lag`` +
+    S / up after the iteration starts at the earliest, the copies back ``back_lag`` + S /
+    down after p starts."""
+    out = max(before_us, out_lag + swapped / up) if swapped > 0 else before_us
+    back = back_lag + swapped / down if swapped > 0 else 0.0
     return out + max(rest_us + recompute_us, back)
+
+
+def _copy_windows(profile: Profile, starts) -> tuple[list, list]:
+    """For each op p, over the non-persistent tensors live at p (those p touches too,
+    which only loosens both): the earliest ideal end of their producers (no copy out of
+    one starts before it, R11: an offload needs its tensor resident) and the ideal compute
+    from the latest of their last uses to the end (a tensor back by prefetch is back
+    before its next use, at or before that op, R6, R13)."""
+    n = len(profile.ops)
+    earliest = [n] * (n + 1)    # earliest[p]: least producer position of a tensor last used at p or later
+    latest = [-1] * (n + 1)     # latest[p]: greatest last use of a tensor made at p or earlier
+    for t in profile.tensors:
+        if t.persistent or t.bytes <= 0:
+            continue
+        first, last = profile.lifetime(t.id)
+        earliest[last] = min(earliest[last], first)
+        latest[first] = max(latest[first], last)
+    for p in range(n - 1, -1, -1):
+        earliest[p] = min(earliest[p], earliest[p + 1])
+    for p in range(1, n):
+        latest[p] = max(latest[p], latest[p - 1])
+    ideal = starts[-1]
+    first_end = [starts[min(earliest[p], p) + 1] if earliest[p] <= p else 0.0 for p in range(n)]
+    tail = [ideal - starts[latest[p]] if latest[p] >= p else 0.0 for p in range(n)]
+    return first_end, tail
 
 
 class _Lifetimes:
     """The non-persistent tensors of a profile as arrays (first and last op position,
-    bytes, and the producer's time per byte), to find the idle ones at an op at once."""
+    bytes, the producer's time per byte, and the first op from which R15 forbids a
+    recompute), to find the idle ones at an op that a plan may recompute at once."""
 
     def __init__(self, profile: Profile, times: tuple):
         kept = [t for t in profile.tensors if not t.persistent and t.bytes > 0]
@@ -174,45 +236,78 @@ class _Lifetimes:
         self.first = np.array([first for first, _ in spans], dtype=np.int64)
         self.last = np.array([last for _, last in spans], dtype=np.int64)
         self.size, self.ratio = size[order], ratio[order]
+        self.until = np.array([_recomputable_until(profile, kept[i].id) for i in order], dtype=np.int64)
 
     def idle_at(self, p: int, touched) -> tuple[np.ndarray, np.ndarray]:
-        """(time per byte, bytes) of the tensors live at op p that p does not touch,
-        cheapest per byte first (then the smaller first)."""
+        """(time per byte, bytes) of the tensors live at op p that p does not touch and
+        that a plan may recompute after p (R15), cheapest per byte first (then the smaller
+        first). The other idle tensors can be off the GPU at p only by a swap."""
         live = (self.first <= p) & (self.last >= p)
         for t in touched:
             k = self.index.get(t)
             if k is not None:
                 live[k] = False
-        return self.ratio[live], self.size[live]
+        may = live & (self.until > p)
+        return self.ratio[may], self.size[may]
+
+
+def _recomputable_until(profile: Profile, tid: str) -> int:
+    """The first op position p at which the tensor, idle at p, can no longer be off the
+    GPU by a recompute after p (R15: a recompute is invalid if the producer updates
+    anything in place, or if the tensor was updated in place after it was produced): its
+    producer's position if the producer updates in place (never), else its first in-place
+    update (an update at u < p has run before any recompute after p), else past the end."""
+    made_by = profile.producer[tid]
+    if profile.ops[made_by].updates:
+        return made_by
+    return min(profile.updaters[tid], default=len(profile.ops))
 
 
 def _with_recompute(ratio: np.ndarray, size: np.ndarray, before_us: float, rest_us: float, excess: int,
-                    latency: float, up: float, down: float) -> float:
-    """The minimum over the bytes swapped S (the rest recomputed, from the idle tensors
-    ``ratio`` per byte and ``size`` bytes, cheapest first) of the expression. It is convex
-    and piecewise linear in S, so the minimum lies at one of its breakpoints: the ends,
-    where the copies out stop limiting the start of p, the ends of the recompute cost's
-    pieces, and where on each piece the copies back meet the compute after p."""
-    cum_bytes = np.concatenate(([0], np.cumsum(size)))
+                    out_lag: float, back_lag: float, up: float, down: float) -> float:
+    """The minimum over the bytes swapped S (the rest recomputed, from the recomputable
+    idle tensors ``ratio`` per byte and ``size`` bytes, cheapest first) of the expression.
+    S is at least what those tensors cannot cover (the other idle bytes can only be
+    swapped). It is convex and piecewise linear in S, so the minimum lies at one of its
+    breakpoints: the ends, where the copies out stop limiting the start of p, the ends of
+    the recompute cost's pieces, and where on each piece the copies back meet the compute
+    after p."""
+    total = int(size.sum()) if len(size) else 0
+    least = max(0.0, float(excess - total))   # the bytes no recompute can take off
     # only the cheapest tensors that cover the excess can be recomputed (R <= excess): the pieces after
     # the one that reaches it hold no breakpoint in [0, excess]
-    m = min(int(np.searchsorted(cum_bytes, excess, side="left")), len(ratio))
-    ratio, size, cum_bytes = ratio[:m], size[:m], cum_bytes[:m + 1]
-    cum_time = np.concatenate(([0.0], np.cumsum(ratio * size)))
-    fixed = np.array([0.0, float(excess), (before_us - latency) * up])
-    lo, hi = excess - cum_bytes[1:], excess - cum_bytes[:-1]         # S on each piece of the cost
-    meet = (rest_us + cum_time[:-1] + (excess - cum_bytes[:-1]) * ratio - latency) / (ratio + 1.0 / down)
-    points = np.concatenate((fixed, lo, hi[:1], meet))    # hi[i] is lo[i - 1]: the pieces' ends once
-    points = points[(points >= 0.0) & (points <= excess)]
-    recomputed = excess - points
-    if len(ratio):
-        i = np.clip(np.searchsorted(cum_bytes, recomputed, side="left"), 1, len(ratio))
-        recompute_us = cum_time[i - 1] + (recomputed - cum_bytes[i - 1]) * ratio[i - 1]
+    sums = size.cumsum()
+    m = min(int(sums.searchsorted(excess, side="left")) + 1, len(ratio))
+    ratio, size = ratio[:m], size[:m]
+    cum_bytes = np.empty(m + 1, dtype=np.float64)
+    cum_bytes[0] = 0.0
+    cum_bytes[1:] = sums[:m]
+    cum_time = np.empty(m + 1, dtype=np.float64)
+    cum_time[0] = 0.0
+    np.cumsum(ratio * size, out=cum_time[1:])
+    head_bytes, head_time = cum_bytes[:-1], cum_time[:-1]
+    # the pieces' ends: S = excess - cum_bytes[j], its recompute cost cum_time[j]
+    ends = excess - cum_bytes
+    # where on piece j the copies back meet the compute after p, if that lies on the piece
+    meet = (rest_us + head_time + (excess - head_bytes) * ratio - back_lag) / (ratio + 1.0 / down)
+    on = (meet >= ends[1:]) & (meet <= ends[:-1])
+    meet_cost = head_time + (excess - meet - head_bytes) * ratio
+    # the ends of the range and where the copies out stop limiting p's start, on whichever piece
+    fixed = np.array((0.0, least, float(excess), (before_us - out_lag) * up))
+    redo = np.minimum(excess - fixed, cum_bytes[-1])
+    if m:
+        i = cum_bytes.searchsorted(redo, side="left")
+        i = np.minimum(np.maximum(i, 1), m)
+        fixed_cost = cum_time[i - 1] + (redo - cum_bytes[i - 1]) * ratio[i - 1]
     else:
-        recompute_us = np.zeros_like(points)   # no idle tensor: S = excess is the only way
+        fixed_cost = np.zeros(4)   # nothing recomputable: S = excess is the only way
+    points = np.concatenate((ends, meet[on], fixed))
+    recompute_us = np.concatenate((cum_time, meet_cost[on], fixed_cost))
+    keep = (points >= least) & (points <= excess)
+    points, recompute_us = points[keep], recompute_us[keep]
     swapped = points > 0
-    out = np.where(swapped, np.maximum(before_us, latency + points / up), before_us)
-    back = np.where(swapped, latency + points / down, 0.0)
+    out = np.where(swapped, np.maximum(before_us, out_lag + points / up), before_us)
+    back = np.where(swapped, back_lag + points / down, 0.0)
     return float(np.min(out + np.maximum(rest_us + recompute_us, back)))
 
 
