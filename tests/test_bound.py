@@ -107,6 +107,50 @@ def test_a_direct_ssd_copy_pays_the_ssd_latency_alone():
     assert lower_bound(chain(), machine(pcie_latency=5), 150, recompute=False).iteration_us == 140.0
 
 
+def test_bytes_past_host_memory_cross_the_ssd_both_ways():
+    # f (10 us) makes a1 (1,000 B) and a2 (2,000 B); g (1 us) needs a 3,000 B workspace at a
+    # 3,000 B budget, so both are off the GPU while it runs; h (10 us) reads them. PCIe 0.1 B/us,
+    # SSD 0.01 B/us each way. With 1 GiB of host memory: out 10 + 3,000 / 0.1 = 30,010, back
+    # 30,000 + h's 10: 60,020 us, and the plan that offloads both to host memory takes 60,021.
+    # With 1,000 B of host memory at least 2,000 B are on the SSD: out 10 + 2,000 / 0.01 = 200,010,
+    # back 200,000 + 10: 400,020 us; a1 to host memory and a2 to the SSD takes 400,043.2 us,
+    # and both to host memory breaks R19.
+    profile = make_profile({"a1": (1000, "activation"), "a2": (2000, "activation")},
+                           [("f", "forward", 10.0, [], ["a1", "a2"]), ("g", "forward", 1.0, [], [], None, 3000),
+                            ("h", "backward", 10.0, ["a1", "a2"], [])], "spill")
+    split = Plan("spill", (offload("a1", "f", "host"), offload("a2", "f", "ssd"), prefetch("a1", "g", "h", "host"),
+                           prefetch("a2", "g", "h", "ssd")))
+    hosted = Plan("spill", (offload("a1", "f", "host"), offload("a2", "f", "host"), prefetch("a1", "g", "h", "host"),
+                            prefetch("a2", "g", "h", "host")))
+    roomy = machine(h2d=0.0001, d2h=0.0001, ssd_read=0.00001, ssd_write=0.00001)
+    assert lower_bound(profile, roomy, 3000, recompute=False).iteration_us == 60020.0
+    assert Simulator(profile, roomy).simulate(hosted, 3000).iteration_us == 60021.0
+    small = machine(h2d=0.0001, d2h=0.0001, ssd_read=0.00001, ssd_write=0.00001, host="1000B")
+    assert lower_bound(profile, small, 3000, recompute=False).iteration_us == 400020.0
+    # recomputing both after g (f re-runs for each, 10 us) beats any spill: 21 + 10 + 10 us
+    assert lower_bound(profile, small, 3000, recompute=True).iteration_us == 41.0
+    assert Simulator(profile, small).simulate(split, 3000).iteration_us == pytest.approx(400043.2, abs=0.1)
+    assert Simulator(profile, small).simulate(hosted, 3000).rule == "R19"
+
+
+SMALL_HOST = machine(host="60B", h2d=0.002, d2h=0.002, ssd_read=0.0005, ssd_write=0.0005)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(profiles(), st.data())
+def test_no_swap_plan_beats_the_bound_when_host_memory_is_short(profile, data):
+    """On a machine whose host memory holds 60 B, random swap plans to host memory or the
+    SSD: every one that runs takes at least the bound, spills included."""
+    candidates = [t.id for t in profile.tensors if not t.persistent and idle_gaps(profile, t.id)]
+    chosen = data.draw(st.lists(st.sampled_from(candidates), unique=True)) if candidates else []
+    plan = swap_plan(profile, chosen, lead=data.draw(st.integers(0, 3)), tier=data.draw(st.sampled_from(["host", "ssd"])))
+    budget = data.draw(st.integers(profile.persistent_bytes, max(profile.peak_bytes, profile.persistent_bytes)))
+    result = Simulator(profile, SMALL_HOST).simulate(plan, budget)
+    if result.ok:
+        for recompute in (False, True):
+            assert result.iteration_us >= lower_bound(profile, SMALL_HOST, budget, recompute=recompute).iteration_us - 1e-6
+
+
 def test_no_plan_fits_below_the_working_sets():
     # f1 makes a (100 B): at 90 bytes it cannot run, whatever leaves
     bound = lower_bound(chain(), HW, 90)

@@ -44,10 +44,22 @@ implied by the rules of docs/simulation.md:
 loosens them.) The bound is the maximum over ops of the minimum over S of that
 expression, and never below the ideal time. The swap-only variant fixes R = 0.
 
+Spills past host memory. On a machine with an SSD and host memory of H bytes, the S
+swapped bytes are off the GPU at p in host memory or on the SSD, and host memory holds
+at most H of them (R19), so at least (S - H)+ bytes are on the SSD at p: they crossed the
+SSD route (its slowest link, ``ssd_w`` bytes per us, after its latency) after F_p and
+before p, and cross it back (``ssd_r``) after p, before the ops of T_p:
+
+    p starts >= F_p + lat_ssd + (S - H)+ / ssd_w,   the end >= p's start + lat_ssd + (S - H)+ / ssd_r + T_p
+
+added to the two maxima above (each side is the larger of its terms). The expression
+stays convex and piecewise linear in S.
+
 Where weights and optimizer state may move too (planners that place them off the GPU),
-their idle bytes at p are counted as free to move (a relaxation again). The bound holds
-for every plan that keeps the profile's op order; it ignores SSD speed (an SSD copy also
-crosses PCIe, so it is never faster) and contention between offloads of different ops.
+their idle bytes at p are counted as free to move (a relaxation again), and they take no
+host memory in the argument (they may start on the SSD). The bound holds for every plan
+that keeps the profile's op order; it ignores contention between offloads of different
+ops.
 What it still leaves out, each a relaxation: the memory a recompute needs while it runs
 (the producer's inputs, R15's scratch), that a tensor moves whole, and that one plan must
 serve every op at once (each op is argued alone).
@@ -146,6 +158,7 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
     tiers = ("host", "ssd") if hardware.ssd is not None else ("host",)
     out_latency = min(transfer_links(hardware, "offload", tier)[0] for tier in tiers)
     back_latency = min(transfer_links(hardware, "prefetch", tier)[0] for tier in tiers)
+    spill = _Spill.of(hardware)
     tensors = profile.tensor_by_id
     persistent = profile.persistent_bytes
     where = None
@@ -170,7 +183,8 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
         # the copies out start after the earliest producer of a tensor live at p has ended;
         # the last copy back lands before the latest use of one, and the ops from there run after it
         lags = (first_end[p] + out_latency, back_latency + tail[p])
-        swap_only = _expression(starts[p], ideal - starts[p], excess, 0.0, *lags, up, down)
+        swap_only = _expression(starts[p], ideal - starts[p], excess, 0.0, *lags, up, down,
+                                spill.at(first_end[p], tail[p]))
         candidates.append((swap_only, p, excess, touched, lags))
     candidates.sort(key=lambda c: -c[0])
     lives = _Lifetimes(profile, times) if recompute and candidates else None
@@ -180,19 +194,54 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
         value = swap_only
         if recompute:
             ratio, size = lives.idle_at(p, touched)
-            value = _with_recompute(ratio, size, starts[p], ideal - starts[p], excess, *lags, up, down)
+            value = _with_recompute(ratio, size, starts[p], ideal - starts[p], excess, *lags, up, down,
+                                    spill.at(first_end[p], tail[p]))
         if value > best:
             best, where = value, profile.ops[p].id
     return Bound(best, where, recompute, moves_persistent)
 
 
+@dataclass(frozen=True)
+class _Spill:
+    """What the swapped bytes beyond host memory cost (the module docstring): host memory
+    H, the SSD route's latency and slowest rate each way; None without an SSD."""
+    host: float
+    out_latency: float
+    back_latency: float
+    write: float
+    read: float
+
+    @staticmethod
+    def of(hardware: Hardware):
+        if hardware.ssd is None:
+            return _NO_SPILL
+        out_latency, write = link_speed(hardware, "offload", "ssd")
+        back_latency, read = link_speed(hardware, "prefetch", "ssd")
+        return _Spill(float(hardware.host.memory_bytes), out_latency, back_latency, write, read)
+
+    def at(self, first_end: float, tail: float) -> "_Spill":
+        """The spill terms at an op: lags counted from the iteration's start (after F_p)
+        and to its end (before T_p)."""
+        if self.host == float("inf"):
+            return self
+        return _Spill(self.host, first_end + self.out_latency, self.back_latency + tail, self.write, self.read)
+
+
+_NO_SPILL = _Spill(float("inf"), 0.0, 0.0, 1.0, 1.0)
+
+
 def _expression(before_us: float, rest_us: float, swapped: float, recompute_us: float,
-                out_lag: float, back_lag: float, up: float, down: float) -> float:
+                out_lag: float, back_lag: float, up: float, down: float, spill: _Spill = _NO_SPILL) -> float:
     """The bound's expression for S = ``swapped`` bytes: the copies out end ``out_lag`` +
     S / up after the iteration starts at the earliest, the copies back ``back_lag`` + S /
-    down after p starts."""
-    out = max(before_us, out_lag + swapped / up) if swapped > 0 else before_us
-    back = back_lag + swapped / down if swapped > 0 else 0.0
+    down after p starts; the bytes past host memory cross the SSD route both ways too."""
+    if swapped <= 0:
+        return before_us + rest_us + recompute_us
+    out = max(before_us, out_lag + swapped / up)
+    back = back_lag + swapped / down
+    if swapped > spill.host:
+        out = max(out, spill.out_latency + (swapped - spill.host) / spill.write)
+        back = max(back, spill.back_latency + (swapped - spill.host) / spill.read)
     return out + max(rest_us + recompute_us, back)
 
 
@@ -264,14 +313,15 @@ def _recomputable_until(profile: Profile, tid: str) -> int:
 
 
 def _with_recompute(ratio: np.ndarray, size: np.ndarray, before_us: float, rest_us: float, excess: int,
-                    out_lag: float, back_lag: float, up: float, down: float) -> float:
+                    out_lag: float, back_lag: float, up: float, down: float, spill: _Spill = _NO_SPILL) -> float:
     """The minimum over the bytes swapped S (the rest recomputed, from the recomputable
     idle tensors ``ratio`` per byte and ``size`` bytes, cheapest first) of the expression.
     S is at least what those tensors cannot cover (the other idle bytes can only be
     swapped). It is convex and piecewise linear in S, so the minimum lies at one of its
     breakpoints: the ends, where the copies out stop limiting the start of p, the ends of
     the recompute cost's pieces, and where on each piece the copies back meet the compute
-    after p."""
+    after p; with spills past host memory also H, where the SSD's terms cross the others,
+    and where on each piece the SSD's copies back meet the compute after p."""
     total = int(size.sum()) if len(size) else 0
     least = max(0.0, float(excess - total))   # the bytes no recompute can take off
     # only the cheapest tensors that cover the excess can be recomputed (R <= excess): the pieces after
@@ -303,12 +353,40 @@ def _with_recompute(ratio: np.ndarray, size: np.ndarray, before_us: float, rest_
         fixed_cost = np.zeros(4)   # nothing recomputable: S = excess is the only way
     points = np.concatenate((ends, meet[on], fixed))
     recompute_us = np.concatenate((cum_time, meet_cost[on], fixed_cost))
+    if excess > spill.host:   # bytes past host memory cross the SSD route too: its kinks and meets
+        host, w, r = spill.host, spill.write, spill.read
+        turns = np.array((host, (before_us - spill.out_latency) * w + host,
+                          _cross(out_lag, up, spill.out_latency - host / w, w),
+                          _cross(back_lag, down, spill.back_latency - host / r, r)))
+        redo = np.minimum(excess - turns, cum_bytes[-1])
+        if m:
+            i = np.minimum(np.maximum(cum_bytes.searchsorted(redo, side="left"), 1), m)
+            turn_cost = cum_time[i - 1] + (redo - cum_bytes[i - 1]) * ratio[i - 1]
+        else:
+            turn_cost = np.zeros(4)
+        meet_ssd = ((rest_us + head_time + (excess - head_bytes) * ratio - spill.back_latency + host / r)
+                    / (ratio + 1.0 / r))
+        on_ssd = (meet_ssd >= ends[1:]) & (meet_ssd <= ends[:-1])
+        points = np.concatenate((points, turns, meet_ssd[on_ssd]))
+        recompute_us = np.concatenate((recompute_us, turn_cost,
+                                       (head_time + (excess - meet_ssd - head_bytes) * ratio)[on_ssd]))
     keep = (points >= least) & (points <= excess)
     points, recompute_us = points[keep], recompute_us[keep]
     swapped = points > 0
     out = np.where(swapped, np.maximum(before_us, out_lag + points / up), before_us)
     back = np.where(swapped, back_lag + points / down, 0.0)
+    if excess > spill.host:
+        past = np.maximum(points - spill.host, 0.0)
+        spilled = past > 0
+        out = np.where(spilled, np.maximum(out, spill.out_latency + past / spill.write), out)
+        back = np.where(spilled, np.maximum(back, spill.back_latency + past / spill.read), back)
     return float(np.min(out + np.maximum(rest_us + recompute_us, back)))
+
+
+def _cross(lag_a: float, rate_a: float, lag_b: float, rate_b: float) -> float:
+    """The S at which lag_a + S / rate_a = lag_b + S / rate_b (nan when parallel)."""
+    slope = 1.0 / rate_a - 1.0 / rate_b
+    return (lag_b - lag_a) / slope if slope != 0 else float("nan")
 
 
 def bound_fields(bound: Bound, result) -> dict:
