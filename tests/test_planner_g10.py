@@ -1,4 +1,5 @@
-"""The g10 planner (G10, MICRO'23): the 2.5x destination rule, host capacity, the
+"""The g10 planner (G10, MICRO'23): the 2.5x destination rule (host memory first, the
+SSD for what it cannot hold, spread from the first eviction), host capacity, the
 benefit order of the greedy, eager prefetch, persistent tensors across the iteration
 boundary, the fallback for memory the link cannot free in the ideal time (evictions at
 once, chosen moves advanced), the synthetic profiles at 90/70/50/30% of their peak and
@@ -56,21 +57,61 @@ def two_gaps():
     return chain_profile("two-gaps", 19, TWO_GAPS, TWO_GAPS_OPS)
 
 
-def test_a_long_interval_goes_to_ssd_and_a_short_one_to_host():
-    # long to SSD: 230 us each way. Eviction after p0 ends in kernel 3 (100 + 100 + 30);
-    # the latest prefetch counting back from p11 starts in kernel 8 (p10, p9 and 30 us of
-    # p8), issued after p7: long is away for p4..p7, the kernels over budget. Eager
-    # prefetch cannot move it earlier (p7 with long: 152 > 0.99 x 110).
-    # short to host: 110 us each way. Eviction after p12 ends in kernel 14; the prefetch
-    # starts in kernel 16 (p17 and 10 us of p16), issued after p15: away for p15.
+def test_both_intervals_go_to_host_memory_while_it_has_room():
+    # Host memory first: long passes the SSD rule too, but 1 GiB of host memory holds it.
+    # long to host: 110 us each way. Eviction after p0 ends in kernel 2; the latest
+    # prefetch starts in kernel 9 (p10 and 10 us of p9); eager prefetch moves it to kernel 8
+    # (issued after p7: p8 with long is 102 <= 0.99 x 110; p7 would be 152).
+    # short to host: eviction after p12 ends in kernel 14; the prefetch starts in kernel 16
+    # (p17 and 10 us of p16), issued after p15: away for p15.
     profile = two_gaps()
     planned = make_plan(profile, LATENT, 110, "g10")
     assert list(planned.plan.actions) == [
-        offload("long", "p0", "ssd"), prefetch("long", "p7", "p11", "ssd"),
+        offload("long", "p0", "host"), prefetch("long", "p7", "p11", "host"),
         offload("short", "p12", "host"), prefetch("short", "p15", "p18", "host")]
     result = planned.result
-    assert result.ok and result.peak_bytes <= 110
+    assert result.ok and result.peak_bytes <= 110 and result.ssd_peak_bytes == 0
     assert result.iteration_us == profile.ideal_us == 1900.0  # every transfer hidden
+
+
+def test_a_long_interval_goes_to_ssd_when_host_memory_has_no_room():
+    # 99 B of host memory hold neither tensor. long (1000 us) passes the SSD rule: 230 us
+    # each way, eviction after p0 ends in kernel 3 (100 + 100 + 30); the latest prefetch
+    # counting back from p11 starts in kernel 8 (p10, p9 and 30 us of p8), issued after p7:
+    # away for p4..p7, the kernels over budget. short (500 us) fails the SSD rule and has no
+    # host room: it stays, and p15 is over budget.
+    planned = make_plan(two_gaps(), machine(pcie_latency=10, ssd_latency=20, host=99), 110, "g10")
+    assert list(planned.plan.actions) == [offload("long", "p0", "ssd"), prefetch("long", "p7", "p11", "ssd")]
+    assert planned.plan.planner.status == "infeasible"
+
+
+# Six 100 B activations A0..A5 made by p0..p5 and read back in reverse order by p6..p11
+# (A5 by p6, A0 by p11); no latency, budget 310 B (602 B resident at p5), 200 B of host
+# memory. Host memory first (the greedy alone) puts A0 and A2 in host memory and A1 on the
+# SSD; simulated, p9 waits 50 us for A2. Those moves all in host memory would hold 300 B
+# at p3..p9 (R19: from the eviction until the tensor dies), 100 B more than
+# host memory: the spill choice spreads that share (100 / 300 of the tensors in eviction
+# order) from the first eviction on, so A0, the first evicted, goes to the SSD, and the
+# plan planned again with it (A0 to SSD, A2 and A3 to host) runs in the ideal time.
+SPILL = {f"A{i}": (100, "activation") for i in range(6)}
+SPILL_OPS = {**{i: ((), (f"A{i}",), 0) for i in range(6)}, **{11 - i: ((f"A{i}",), (), 0) for i in range(6)}}
+
+
+def test_what_host_memory_cannot_hold_is_spread_to_the_ssd_from_the_first_eviction():
+    from planner.core.api import score, simulator_for
+    from planner.swap.g10 import g10_draft, spill_choice
+    profile = chain_profile("spill", 12, SPILL, SPILL_OPS)
+    hw = machine(host=200)
+    host_first, moves, state = g10_draft(profile, hw, 310, 2.5, 0.99, True, True)
+    assert {(m.interval.tensor, m.tier) for m in moves} == {("A0", "host"), ("A1", "ssd"), ("A2", "host")}
+    assert score(simulator_for(profile, hw), 310, host_first.actions, host_first.initial).iteration_us == 1250.0
+    assert spill_choice(state, moves) == {"A0"}
+    planned = make_plan(profile, hw, 310, "g10")
+    assert {(a.tensor, a.to or a.source) for a in planned.plan.actions} == {
+        ("A0", "ssd"), ("A2", "host"), ("A3", "host")}
+    result = planned.result
+    assert result.ok and result.iteration_us == profile.ideal_us == 1200.0
+    assert result.host_peak_bytes == 200 and result.ssd_peak_bytes == 100
 
 
 def test_an_interval_that_passes_neither_rule_stays_on_the_gpu():

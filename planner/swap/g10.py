@@ -17,7 +17,8 @@ summary's:
    longer than factor x (SSD latency + system latency + bytes / SSD bandwidth) and the
    SSD has the bandwidth left for the move; else host memory if the interval is longer
    than factor x (system latency + bytes / PCIe bandwidth) and host memory has room;
-   else the tensor stays on the GPU for that interval.
+   else the tensor stays on the GPU for that interval. (Here the two tiers are tried in
+   the other order: see the first departure.)
 4. Bandwidth: each kernel offers its time on each link to the moves that overlap it.
 5. Eviction right after the last use before the interval. Prefetch: the latest start
    whose remaining per-kernel bandwidth covers the transfer, counting back from the use;
@@ -54,6 +55,25 @@ How the paper's terms map onto this simulator:
 
 Departures (and why):
 
+- Host memory first, and the SSD only for what host memory cannot hold (the 2.5x rule
+  still decides which tiers an interval may use). Sending every long interval to the
+  SSD first put the forward pass's activations on a link a fifth of PCIe's speed while
+  host memory had room: on G10's machine (benchmarks/machines/a100-40gb-g10.yaml, with
+  G10's measured kernel times) ResNet-152 b1280 wrote 153 GiB to the SSD with host
+  memory at 99.7 of 128 GiB, and its evictions to the SSD that could not end in time
+  (42 GiB) made the forward pass wait for memory: 1.105x the ideal; host first, 1.000x.
+  Then, when the SSD was used, the spill choice (``spill_choice``): with the chosen moves
+  all in host memory, the bytes over its capacity at the worst kernel are a share of
+  the tensors that could go to the SSD (by the rule) and are held across a kernel over
+  capacity; that share of them, spread in eviction order from the first eviction on
+  (then the longest intervals, while any kernel is still over), try the SSD first, and
+  the greedy runs again. With the SSD's writes the bottleneck of the forward pass (SENet-
+  154 b1024 must put 179 GiB on the SSD before its backward), host memory first left the
+  SSD idle until host memory was full (1.274x); spread, the SSD writes from the start
+  and reads back through the whole backward pass (1.244x; the bound is 1.234x). The
+  longest intervals alone on the SSD are worse (1.401x: their reads all fall at the end
+  of the backward pass). The plan the simulator runs faster of the two is kept. This
+  replaces the host-only retry (host memory first leaves nothing for it to win back).
 - Whole tensors, not pages: memory is freed when an eviction has ended and taken when a
   prefetch starts (R11, R12). The benefit keeps the paper's half-written / half-read
   window, but an interval whose move would not keep the tensor away during any
@@ -95,11 +115,6 @@ Departures (and why):
   the budget only ever stalls, it does not deadlock (no counter-example on the shipped
   profiles; before round 3 and the advances, every g10 plan the simulator found
   infeasible on them had its own estimate over budget).
-  And when the SSD was in play and the rules alone did not fit, the same planner is run
-  without the SSD (unless its plan took no SSD move, which leaves nothing to win back)
-  and the plan the simulator runs faster is kept: the rule sends a long
-  interval to the slower SSD first, and the SSD's own bandwidth can then be what the
-  moves that free memory in time lack.
 - Timing is the ideal timeline; the plan is not re-planned from simulated times.
 """
 from __future__ import annotations
@@ -411,8 +426,10 @@ class G10State:
     """The greedy's state: estimated memory per kernel (the ``MemoryEstimate`` shared with
     capuchin and flashneuron), link time and tier space left."""
 
-    def __init__(self, profile, hardware, budget_bytes: int, rule_factor: float, use_ssd: bool):
+    def __init__(self, profile, hardware, budget_bytes: int, rule_factor: float, use_ssd: bool,
+                 spill: frozenset = frozenset()):
         self.profile = profile
+        self.spill = spill          # tensors the spill choice sends to the SSD first
         self.hardware = hardware
         self.rule_factor = rule_factor
         self.use_ssd = use_ssd
@@ -433,10 +450,15 @@ class G10State:
                         for direction in ("offload", "prefetch") for tier in tiers}
 
     def rule_tiers(self, interval: Interval) -> list[str]:
-        """The tiers the 2.5x rule allows for this interval (fixed per interval)."""
+        """The tiers the 2.5x rule allows for this interval, in the order they are tried
+        (fixed per interval): host memory first and the SSD when host memory has no room,
+        except for the tensors of ``spill``, which try the SSD first (departures, see the
+        module docstring)."""
         found = self._rule_tiers.get(interval.order)
         if found is None:
-            found = self._rule_tiers[interval.order] = rule_tiers(interval, self._move_speeds, self.rule_factor)
+            first = "ssd" if interval.tensor in self.spill else "host"
+            found = sorted(rule_tiers(interval, self._move_speeds, self.rule_factor), key=lambda tier: tier != first)
+            self._rule_tiers[interval.order] = found
         return found
 
     def transfer_us(self, direction: str, tier: str, nbytes: int) -> float:
@@ -728,10 +750,58 @@ def to_actions(profile, moves: list[Move]) -> tuple[list, dict[str, str]]:
     return issue_order(keyed), initial
 
 
+def spill_choice(state: G10State, moves: list[Move]) -> frozenset:
+    """The tensors to send to the SSD first: where the moves, all in host memory, would
+    hold more than it has (R19: from the eviction until the tensor dies), the tensors of
+    the longest idle intervals the SSD rule allows, until what is left fits host memory at
+    every kernel. Empty when the SSD is not in play or host memory holds every move."""
+    if not state.use_ssd or not moves:
+        return frozenset()
+    n = state.n
+    span: dict[str, list] = {}   # tensor -> [lo, hi, bytes, longest SSD interval, first order]
+    for move in moves:
+        iv = move.interval
+        lo, hi = state.held_range(iv, 0 if iv.after is None else iv.after + 1)
+        ssd_us = iv.length_us if "ssd" in state.rule_tiers(iv) else -1.0
+        found = span.get(iv.tensor)
+        if found is None:
+            span[iv.tensor] = [lo, hi, iv.nbytes, ssd_us, iv.order]
+        else:
+            found[0], found[1] = min(found[0], lo), max(found[1], hi)
+            found[3], found[4] = max(found[3], ssd_us), min(found[4], iv.order)
+    held = np.zeros(n + 1, dtype=np.int64)
+    for lo, hi, nbytes, _, _ in span.values():
+        held[lo] += nbytes
+        held[hi] -= nbytes
+    over = np.cumsum(held[:n]) - state.space.capacity["host"]
+    if over.max() <= 0:
+        return frozenset()
+    eligible = [(tensor, found) for tensor, found in span.items()
+                if found[3] >= 0 and found[1] > found[0] and over[found[0]:found[1]].max() > 0]
+    total = sum(found[2] for _, found in eligible)
+    share = min(1.0, float(over.max()) / total) if total else 0.0
+    chosen = set()
+    seen = taken = 0
+    for tensor, (lo, hi, nbytes, _, _) in sorted(eligible, key=lambda kv: (kv[1][0], kv[1][4])):
+        seen += nbytes
+        if taken < share * seen:
+            chosen.add(tensor)
+            taken += nbytes
+            over[lo:hi] -= nbytes
+    for tensor, (lo, hi, nbytes, _, _) in sorted(eligible, key=lambda kv: (-kv[1][3], kv[1][4])):
+        if over.max() <= 0:
+            break
+        if tensor not in chosen and over[lo:hi].max() > 0:
+            chosen.add(tensor)
+            over[lo:hi] -= nbytes
+    return frozenset(chosen)
+
+
 def g10_moves(profile, hardware, budget_bytes: int, rule_factor: float, eager_limit: float,
-              use_ssd: bool, fallback: bool) -> tuple[list[Move], G10State]:
-    """G10's greedy (and, with ``fallback``, its three fallback rounds), then eager prefetch."""
-    state = G10State(profile, hardware, budget_bytes, rule_factor, use_ssd)
+              use_ssd: bool, fallback: bool, spill: frozenset = frozenset()) -> tuple[list[Move], G10State]:
+    """G10's greedy (and, with ``fallback``, its three fallback rounds), then eager prefetch.
+    ``spill``: the tensors whose moves try the SSD first (``spill_choice``)."""
+    state = G10State(profile, hardware, budget_bytes, rule_factor, use_ssd, spill)
     intervals = candidate_intervals(profile, state.starts)
     choose_moves(state, intervals)
     state.over_after_rules = state.estimate.any_over()
@@ -752,14 +822,17 @@ def g10_moves(profile, hardware, budget_bytes: int, rule_factor: float, eager_li
     return moves, state
 
 
-def g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback) -> Draft:
-    moves, state = g10_moves(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback)
+def g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback,
+              spill: frozenset = frozenset()) -> tuple[Draft, list[Move], G10State]:
+    moves, state = g10_moves(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback, spill)
     actions, initial = to_actions(profile, moves)
     tiers = {tier: sum(1 for m in moves if m.tier == tier) for tier in ("ssd", "host")}
-    return Draft(actions=actions, initial=initial,
-                 notes={"moves": len(moves), "moves_by_tier": tiers,
-                        "rules_alone_fit": not state.over_after_rules,
-                        "estimated_over_budget_us": state.estimate.over_us_at()})
+    notes = {"moves": len(moves), "moves_by_tier": tiers,
+             "rules_alone_fit": not state.over_after_rules,
+             "estimated_over_budget_us": state.estimate.over_us_at()}
+    if spill:
+        notes["spilled_tensors"] = len(spill)
+    return Draft(actions=actions, initial=initial, notes=notes), moves, state
 
 
 def better_by_simulation(sim, budget_bytes, drafts: list[Draft]) -> Draft:
@@ -772,7 +845,8 @@ def better_by_simulation(sim, budget_bytes, drafts: list[Draft]) -> Draft:
 
 @register(
     "g10",
-    "G10 (MICRO'23): benefit-ordered greedy over idle intervals, to SSD or host by the 2.5x rule, "
+    "G10 (MICRO'23): benefit-ordered greedy over idle intervals, to host or SSD by the 2.5x rule "
+    "(host memory first, spills to the SSD spread from the first eviction), "
     "with bandwidth-aware latest prefetch made eager under 99% memory.",
     params=(
         Param("ssd", True, "use the SSD tier (when the hardware has one)"),
@@ -781,7 +855,7 @@ def better_by_simulation(sim, budget_bytes, drafts: list[Draft]) -> Draft:
         Param("eager_limit", 0.99, "move prefetches earlier while estimated memory stays below this x budget",
               low=0.0, high=1.0),
         Param("fallback", True, "if G10's rules leave memory over budget: tail write-backs, unhidden "
-                                "prefetches and evictions, and a host-only plan if that runs faster"),
+                                "prefetches and evictions"),
     ),
     moves_persistent=True,
     paper="Zhang et al., G10: Enabling An Efficient Unified GPU Memory and Storage Architecture "
@@ -790,9 +864,9 @@ def better_by_simulation(sim, budget_bytes, drafts: list[Draft]) -> Draft:
 def plan_g10(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, ssd=True, rule_factor=2.5, eager_limit=0.99,
              fallback=True):
     use_ssd = ssd and hardware.ssd is not None
-    draft = g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback)
-    if fallback and use_ssd and not draft.notes["rules_alone_fit"] and draft.notes["moves_by_tier"]["ssd"]:
-        host_only = g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, False, True)
-        host_only.notes["host_only_retry"] = True
-        draft = better_by_simulation(simulator_for(profile, hardware, options), budget_bytes, [draft, host_only])
+    draft, moves, state = g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback)
+    spill = spill_choice(state, moves) if draft.notes["moves_by_tier"]["ssd"] else frozenset()
+    if spill:
+        spread = g10_draft(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback, spill)[0]
+        draft = better_by_simulation(simulator_for(profile, hardware, options), budget_bytes, [spread, draft])
     return draft
