@@ -39,8 +39,10 @@ What it does
    every candidate in the time left. The solution is lowered as tmof's is
    (each prefetch queue order tried, the fastest simulated kept). g10's host-only plan
    (planner/swap/g10.py ``plan_g10``, the one import of another planner here) is the
-   fallback when the solver finds nothing, and is returned instead when the simulator
-   runs it faster.
+   MILP's start where the model has its moves (planner/search/ilp/common.py
+   ``best_start``; hot tensors' moves are not, and moves are added where it needs more
+   memory freed), the fallback when the solver finds nothing, and is returned instead
+   only when the simulator runs it strictly faster.
 3. **Aggregation** (R53). The plan's offloads issued after the same op, and its
    prefetches issued after the same op and due before the same op, to the same tier,
    are *adjacent in use order* (the same last use, or the same next use); they are
@@ -89,7 +91,7 @@ from simulator.plan import Action
 from ..core.analysis import op_start_us, touches
 from ..core.api import score, simulator_for
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
-from .ilp.common import DEFAULT_GAP, DEFAULT_TIME_LIMIT, QUEUES, fix_by_relaxation, to_actions
+from .ilp.common import DEFAULT_GAP, DEFAULT_TIME_LIMIT, QUEUES, best_start, fix_by_relaxation, to_actions
 from .ilp.intervals import Formulation, candidates, decode, predicted_us, step_times
 
 WINDOW = 20
@@ -333,7 +335,10 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     limit = max(1.0, left - min(0.05 * left, 10.0))
     options.say(f"deeptm MILP: {form.model.num_cols} columns, {form.model.num_rows} rows; "
                 f"solving (limit {limit:.0f} s)")
-    solution = form.model.solve(limit, options.threads, options.seed, gap, start=form.start())
+    start = best_start(form, sim, budget, backup, max(1.0, 0.1 * limit), options.threads, notes)
+    left = deadline - time.perf_counter()
+    limit = max(1.0, left - min(0.05 * left, 10.0))
+    solution = form.model.solve(limit, options.threads, options.seed, gap, start=start)
     if solution.status == "feasible":
         solution = form.model.polish(solution, max(1.0, deadline - time.perf_counter()), options.threads, gap)
     notes.update(solver=solution.model_status, mip_gap=solution.gap)
@@ -351,7 +356,9 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
                 (result.ok, -result.iteration_us if result.ok else 0):
             result, actions = tried, lowered
     notes.update(moved=len(chosen), model_objective_us=estimate)
-    if backup_result.ok and (not result.ok or backup_result.iteration_us < result.iteration_us):
+    notes.update(heuristic_us=backup_result.iteration_us if backup_result.ok else None,
+                 simulated_us=result.iteration_us if result.ok else None)
+    if backup_result.ok and (not result.ok or backup_result.iteration_us < result.iteration_us):   # strictly faster
         notes.update(fallback="g10's host-only plan simulated faster than the solver's")
         return backup.actions, backup.initial, "heuristic", solution.gap, estimate
     return actions, {}, solution.status, solution.gap, estimate

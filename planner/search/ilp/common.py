@@ -9,11 +9,11 @@ import heapq
 
 import numpy as np
 
-from simulator.plan import drop, offload, prefetch, recompute
+from simulator.plan import Plan, drop, offload, prefetch, recompute
 
 from ...core.lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from ...core.registry import RunOptions
-from .intervals import MS, Chosen, Formulation, Recompute
+from .intervals import MS, Chosen, Formulation, Recompute, predicted_us
 
 
 DEFAULT_TIME_LIMIT = 60.0
@@ -97,7 +97,8 @@ def fix_by_relaxation(form: Formulation, limit: float, options: RunOptions, toke
     x = relaxed.values
     cands = [c for k, c in enumerate(form.cands) if x[form.Y(k, c.release[-1])] > LP_KEEP]
     redo = [r for k, r in enumerate(form.redo) if x[form.Q + k] > LP_KEEP]
-    reduced = Formulation(form.profile, form.hardware, form.budget, cands, one_offload_at_a_time=token, redo=redo)
+    reduced = Formulation(form.profile, form.hardware, form.budget, cands, one_offload_at_a_time=token, redo=redo,
+                          reach=form.reach)
     if reduced.uncovered:
         notes.update(lp_fixing="the reduction left an op over the budget uncovered: the full model is solved")
         return form, relaxed.objective
@@ -105,3 +106,39 @@ def fix_by_relaxation(form: Formulation, limit: float, options: RunOptions, toke
                            f"recomputes the LP relaxation uses", columns=reduced.model.num_cols,
                  rows=reduced.model.num_rows, lp_bound_us=relaxed.objective / MS)
     return reduced, relaxed.objective
+
+
+def best_start(form: Formulation, sim, budget: int, heuristic, limit: float, threads: int, notes: dict,
+               given: np.ndarray | None = None):
+    """The start HiGHS gets (a MIP start): the heuristic plan's moves and recomputes as
+    this model's choices (``Formulation.choices_of_plan``, releases read off the plan's
+    simulated timeline), with moves added or widened where the model needs more memory
+    freed (``Formulation.cover``: a heuristic plan may free memory the model cannot
+    express, such as g10's weights that start in host memory), each copy placed and
+    each step timed by an LP (``Formulation.priced``); or ``given`` (a smaller model's
+    solution), or the greedy start (``Formulation.start``), priced too, whichever the
+    model times fastest (the first of equals). Notes: ``start`` (which), ``start_model_us``
+    and, for the heuristic's, how many of its moves the model has (``start_moves``)."""
+    tried = []
+    if heuristic is not None and heuristic.actions:
+        plan = Plan(profile_name=sim.profile.name, profile_sha256=sim.compiled.sha256,
+                    actions=tuple(heuristic.actions), initial=dict(heuristic.initial or {}))
+        run = sim.simulate(plan, budget, record=True)
+        moved, redone, missing = form.choices_of_plan(heuristic.actions, run.timeline if run.ok else None)
+        x = form.priced(form.values_of(form.cover(moved, redone), redone), limit, threads)
+        if x is not None:
+            tried.append(("heuristic", x))
+            notes.update(start_moves=f"{len(moved)} of the heuristic's moves and {len(redone)} of its recomputes "
+                                     f"are the model's; {missing} moves are not")
+    if given is not None:
+        tried.append(("smaller model", form.priced(given, limit, threads)))
+    greedy = form.start()
+    if greedy is not None:
+        tried.append(("greedy", form.priced(greedy, limit, threads)))
+    tried = [(name, x) for name, x in tried if x is not None]
+    if not tried:
+        notes.update(start="none")
+        return None
+    name, x = min(tried, key=lambda nx: predicted_us(form, nx[1]))
+    notes.update(start=name, start_model_us=predicted_us(form, x))
+    return x

@@ -29,6 +29,7 @@ chosen intervals back.
 """
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -53,8 +54,8 @@ class Candidate:
     after: int
     before: int
     tier: str
-    release: range   # r: off the GPU from op r
-    fetch: range     # f: prefetch issued after op f
+    release: tuple   # r: off the GPU from op r (increasing; between two, as from the earlier)
+    fetch: tuple     # f: prefetch issued after op f (increasing)
     out_us: float    # the offload's stream time (latency + bytes / rate)
     in_us: float
 
@@ -66,18 +67,42 @@ class Candidate:
     def in_steps(self) -> range:
         return range(self.fetch[0] + 1, self.before)
 
+    @property
+    def out_pieces(self) -> tuple[tuple[int, int, int], ...]:
+        """Where the offload may run, one column each: (start, stop, s): steps start ..
+        stop-1, before release position s (released there or earlier, none of the copy
+        runs in them: s = 0 before the first position). One step each between positions
+        one op apart; a longer stretch in pieces of 1, 1, 2, 4, ... steps from its start
+        (``chunks``; a FIFO stream starts a copy as soon as it can), each spread over
+        its ops in proportion to their times (``Formulation._spread``)."""
+        edges = (self.after + 1,) + tuple(self.release)
+        return tuple((p, q, s) for s in range(len(self.release))
+                     for p, q in chunks(edges[s], edges[s + 1], early=True))
+
+    @property
+    def in_pieces(self) -> tuple[tuple[int, int, int], ...]:
+        """Where the prefetch may run: (start, stop, s), after fetch position s (issued
+        there or earlier); a longer stretch in pieces of 1, 1, 2, 4, ... steps from its
+        end (the next use)."""
+        edges = tuple(f + 1 for f in self.fetch) + (self.before,)
+        return tuple((p, q, s) for s in range(len(self.fetch))
+                     for p, q in chunks(edges[s], edges[s + 1], early=False))
+
 
 def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tuple[str, ...],
-               min_bytes: int = 1) -> list[Candidate]:
+               min_bytes: int = 1, reach: bool = False) -> list[Candidate]:
     """Every idle interval, per allowed tier, that could take its tensor off the GPU
     during an op over the budget (at least 4 ops apart: one step to write it out, one
     op away, one step to read it back), of a tensor at least ``SMALL`` of the largest
     excess over the budget (smaller ones cost binaries and free next to nothing). A tier
     other than host only where the interval is longer than its two copies: elsewhere a
-    host move is faster (host capacity is the simulator's to check, R19)."""
+    host move is faster (host capacity is the simulator's to check, R19). ``reach``: the
+    release and fetch positions reach past the window to the interval's ops over the
+    budget (``windows``)."""
     resident = np.asarray(profile.resident_bytes, dtype=np.int64)
     min_bytes = max(min_bytes, int((resident.max() - budget) * SMALL)) if resident.max() > budget else min_bytes
     over = np.concatenate(([0], np.cumsum(resident > budget)))
+    over_at = np.flatnonzero(resident > budget).tolist()
     starts = op_start_us(profile)
     speeds = {(d, t): link_speed(hardware, d, t) for d in ("offload", "prefetch") for t in tiers}
     found = []
@@ -88,8 +113,8 @@ def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tupl
             a, b = gap.after, gap.before
             if b - a < 4 or over[b - 1] - over[a + 2] == 0:
                 continue
-            release = range(a + 2, min(a + 1 + window, b - 2) + 1)
-            fetch = range(max(a + 2, b - 1 - window), b - 1)
+            inside = over_at[bisect_left(over_at, a + 2):bisect_right(over_at, b - 2)] if reach else None
+            release, fetch = windows(a, b, window, inside)
             for tier in tiers:
                 (lat_out, rate_out), (lat_in, rate_in) = speeds["offload", tier], speeds["prefetch", tier]
                 out_us, in_us = lat_out + tensor.bytes / rate_out, lat_in + tensor.bytes / rate_in
@@ -97,6 +122,55 @@ def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tupl
                     continue   # a slower tier only where its copies could hide: else host is faster
                 found.append(Candidate(tensor.id, tensor.bytes, a, b, tier, release, fetch, out_us, in_us))
     return found
+
+
+REACH_GROWTH = 1.5   # past the first ``window`` ops over the budget, positions this much farther apart
+
+
+def windows(a: int, b: int, window: int, over: list[int] | None = None) -> tuple[tuple, tuple]:
+    """The release and fetch positions of the idle interval (a, b). Without ``over``, the
+    paper's window: the ``window`` ops after a+1 and before b-1. With ``over`` (the
+    interval's ops over the budget, a+2 .. b-2), positions only at those ops, as far
+    as the interval reaches: a release at another op frees memory at the same ops over
+    the budget as one at the next op over it, with less time to copy; a fetch at another
+    op takes memory back at the same ones as one at the op over it before, later. The
+    first ``window`` of them after the last use (releases) and before the next
+    (fetches) are all positions, the rest spaced out (``spaced``), the last (first) one
+    included. Positions are increasing tuples; the model reads Y and Z between two
+    positions as at the earlier one (``Formulation.Y``), and a copy runs in pieces
+    between them (``Candidate.out_pieces``)."""
+    if over is None:
+        release = tuple(range(a + 2, min(a + 1 + window, b - 2) + 1))
+        fetch = tuple(range(max(a + 2, b - 1 - window), b - 1))
+        return release, fetch
+    release = tuple(over[k] for k in spaced(len(over), window))
+    fetch = tuple(sorted(over[len(over) - 1 - k] for k in spaced(len(over), window)))
+    return release, fetch
+
+
+def spaced(n: int, dense: int) -> list[int]:
+    """Indexes 0 .. n-1: the first ``dense`` all, then each ``REACH_GROWTH`` times as far
+    from 0 as the one before, and n-1."""
+    picked = list(range(min(n, dense)))
+    k = max(dense, 1)
+    while k < n - 1:
+        picked.append(k)
+        k = max(k + 1, int(np.ceil(k * REACH_GROWTH)))
+    if n - 1 not in picked:
+        picked.append(n - 1)
+    return sorted(set(picked))
+
+
+def chunks(start: int, stop: int, early: bool) -> list[tuple[int, int]]:
+    """The steps start .. stop-1 in pieces of 1, 1, 2, 4, ... steps from the ``early`` end
+    (else from the late one): fine where a copy is most likely to run."""
+    out, size, at = [], 1, 0
+    while at < stop - start:
+        length = min(size, stop - start - at)
+        out.append((start + at, start + at + length) if early else (stop - at - length, stop - at))
+        at += length
+        size = 1 if at == 1 else 2 * size
+    return out if early else out[::-1]
 
 
 @dataclass(frozen=True)
@@ -167,9 +241,10 @@ class Formulation:
     adds TMOF's token (no two offloads in flight in any step)."""
 
     def __init__(self, profile: Profile, hardware, budget: int, cands: list[Candidate],
-                 one_offload_at_a_time: bool = False, redo: list[Recompute] = ()):
+                 one_offload_at_a_time: bool = False, redo: list[Recompute] = (), reach: bool = False):
         self.profile, self.hardware, self.budget, self.cands = profile, hardware, budget, cands
         self.redo = list(redo)
+        self.reach = reach   # candidates from ``candidates(reach=True)``: running-sum copy rows, FIFO offloads
         n = len(profile.ops)
         self.n = n
         self.times = np.array([op.time_us for op in profile.ops], dtype=float)
@@ -181,8 +256,8 @@ class Formulation:
         for c in cands:
             Y = model.add_vars(len(c.release), upper=1.0, integer=True)
             Z = model.add_vars(len(c.fetch), upper=1.0, integer=True)
-            u = model.add_vars(len(c.out_steps), upper=c.out_us * MS)
-            v = model.add_vars(len(c.in_steps), upper=c.in_us * MS)
+            u = model.add_vars(len(c.out_pieces), upper=c.out_us * MS)
+            v = model.add_vars(len(c.in_pieces), upper=c.in_us * MS)
             self.cols.append(Columns(Y, Z, u, v))
             self._interval_rows(c, Columns(Y, Z, u, v))
         self.Q = model.add_vars(len(self.redo), upper=1.0, integer=True)   # recompute interval k
@@ -192,21 +267,22 @@ class Formulation:
         self._step_rows()
         if one_offload_at_a_time:
             self._token_rows()
+        if reach:
+            self._fifo_rows()
 
     # -- one candidate
 
     def Y(self, k: int, i: int) -> int | None:
-        """Column of Y at op i (its last one past the window), None before the window."""
+        """Column of Y at op i: of the last release position at or before i (the last one
+        past the window), None before the window."""
         c, col = self.cands[k], self.cols[k]
-        if i < c.release[0]:
-            return None
-        return col.Y + min(i, c.release[-1]) - c.release[0]
+        at = bisect_right(c.release, i) - 1
+        return None if at < 0 else col.Y + at
 
     def Z(self, k: int, j: int) -> int | None:
         c, col = self.cands[k], self.cols[k]
-        if j < c.fetch[0]:
-            return None
-        return col.Z + min(j, c.fetch[-1]) - c.fetch[0]
+        at = bisect_right(c.fetch, j) - 1
+        return None if at < 0 else col.Z + at
 
     def _interval_rows(self, c: Candidate, col: Columns) -> None:
         m = self.model
@@ -216,20 +292,38 @@ class Formulation:
             m.add_row([col.Z + k, col.Z + k - 1], [1.0, -1.0], lower=0.0)
         last_y, last_z = col.Y + len(c.release) - 1, col.Z + len(c.fetch) - 1
         m.add_row([last_y, last_z], [1.0, -1.0], 0.0, 0.0)
-        for j in range(c.fetch[0], c.release[-1]):          # fetched only after it left
-            y = col.Y + j - c.release[0] if j >= c.release[0] else None
-            m.add_row([col.Z + j - c.fetch[0]] + ([y] if y is not None else []),
+        y_at = lambda i: None if i < c.release[0] else col.Y + bisect_right(c.release, i) - 1   # noqa: E731
+        for s, f in enumerate(c.fetch):                      # fetched only after it left
+            if f >= c.release[-1]:
+                break
+            y = y_at(f)
+            m.add_row([col.Z + s] + ([y] if y is not None else []),
                       [1.0] + ([-1.0] if y is not None else []), upper=0.0)
         d_out, d_in = c.out_us * MS, c.in_us * MS
-        for s, i in enumerate(c.out_steps):                  # offload runs only before release
-            if i >= c.release[0]:
-                m.add_row([col.u + s, col.Y + i - c.release[0]], [1.0, d_out], upper=d_out)
-        m.add_row(list(range(col.u, col.u + len(c.out_steps))) + [last_y],
-                  [1.0] * len(c.out_steps) + [-d_out], 0.0, 0.0)
-        for s, i in enumerate(c.in_steps):                   # prefetch runs only after issue
-            m.add_row([col.v + s, col.Z + min(i - 1, c.fetch[-1]) - c.fetch[0]], [1.0, -d_in], upper=0.0)
-        m.add_row(list(range(col.v, col.v + len(c.in_steps))) + [last_z],
-                  [1.0] * len(c.in_steps) + [-d_in], 0.0, 0.0)
+        if not self.reach:   # the paper's window: piece by piece (each one step)
+            for j, (first, _, t) in enumerate(c.out_pieces):   # offload runs only before release
+                if t > 0:
+                    m.add_row([col.u + j, col.Y + t - 1], [1.0, d_out], upper=d_out)
+            for j, (_, _, t) in enumerate(c.in_pieces):        # prefetch runs only after issue
+                m.add_row([col.v + j, col.Z + t], [1.0, -d_in], upper=0.0)
+        else:
+            # As running sums: the copy before release position s is at least D_out Y[s],
+            # the prefetch up to the pieces after fetch position s at most D_in Z[s] (with
+            # integral Y and Z the same as piece by piece; the LP relaxation can then not
+            # release a fraction it has not copied, which on GPT-2 at 50% lifts its bound
+            # from the ideal time to within 1.5% of the MILP's solutions).
+            done = []
+            for s in range(len(c.release)):
+                done += [col.u + j for j, (_, _, t) in enumerate(c.out_pieces) if t == s]
+                m.add_row(done + [col.Y + s], [1.0] * len(done) + [-d_out], lower=0.0)
+            run = []
+            for s in range(len(c.fetch)):
+                run += [col.v + j for j, (_, _, t) in enumerate(c.in_pieces) if t == s]
+                m.add_row(run + [col.Z + s], [1.0] * len(run) + [-d_in], upper=0.0)
+        m.add_row(list(range(col.u, col.u + len(c.out_pieces))) + [last_y],
+                  [1.0] * len(c.out_pieces) + [-d_out], 0.0, 0.0)
+        m.add_row(list(range(col.v, col.v + len(c.in_pieces))) + [last_z],
+                  [1.0] * len(c.in_pieces) + [-d_in], 0.0, 0.0)
 
     def _exclusive_tiers(self) -> None:
         """An interval moves to one tier at most."""
@@ -289,8 +383,8 @@ class Formulation:
             return
         model.add_row([need, y, z], [1.0, 1.0, -1.0], upper=1.0)
         d_in = c.in_us * MS
-        for s, i in enumerate(c.in_steps):
-            if i >= at:
+        for s, (_, stop, _) in enumerate(c.in_pieces):
+            if stop > at:   # a piece with a step at or after op at
                 model.add_row([col.v + s, need, y], [1.0, d_in, d_in], upper=2 * d_in)
 
     def _memory_rows(self) -> None:
@@ -338,8 +432,8 @@ class Formulation:
         with_links = any(c.tier == "ssd" for c in self.cands)
         loads: dict[tuple[int, str], tuple[list[int], list[float]]] = {}
         for c, col in zip(self.cands, self.cols):
-            for direction, steps, first, us in (("offload", c.out_steps, col.u, c.out_us),
-                                                 ("prefetch", c.in_steps, col.v, c.in_us)):
+            for direction, pieces, first, us in (("offload", c.out_pieces, col.u, c.out_us),
+                                                  ("prefetch", c.in_pieces, col.v, c.in_us)):
                 if c.tier == "host":
                     stream = "copy" if half else "d2h" if direction == "offload" else "h2d"
                 else:
@@ -350,11 +444,12 @@ class Formulation:
                     uses["copy"] = 1.0     # a half-duplex machine's one copy engine, held whole
                 if with_links:
                     uses.update({link: (c.nbytes / bw) / us for link, bw in links.items()})
-                for s, i in enumerate(steps):
-                    for what, share in uses.items():
-                        index, value = loads.setdefault((i, what), ([], []))
-                        index.append(first + s)
-                        value.append(-share)
+                for s, (start, stop, _) in enumerate(pieces):
+                    for i, part in self._spread(start, stop):
+                        for what, share in uses.items():
+                            index, value = loads.setdefault((i, what), ([], []))
+                            index.append(first + s)
+                            value.append(-share * part)
         for (i, _), (index, value) in sorted(loads.items()):
             self.model.add_row([self.T + i] + index, [1.0] + value, lower=0.0)
         self.step_loads = loads
@@ -371,6 +466,63 @@ class Formulation:
         for i, (index, value) in sorted(by_op.items()):   # the op waits for the recomputes before it (R5)
             self.model.add_row([self.T + i] + index, [1.0] + value, lower=self.times[i] * MS)
 
+    def _fifo_rows(self) -> None:
+        """The offload streams run their copies in issue order (R17's FIFO streams): a
+        copy issued after op a ends no earlier than the stream's backlog then allows. A
+        fluid queue per offload stream: ``B[i]`` (continuous, ms) >= B[i-1] + the copies
+        issued after op i - T[i], >= 0 (at least the work still queued when op i ends),
+        and ``S[i]`` the start of op i (the sum of the steps before it). Released at
+        position r, an interval's offload has ended: S[r] - S[a+1] >= B[a] when Y[r] = 1
+        (a big-M row; M the copies issued up to a). Without it the model could finish a
+        copy issued late ahead of the queue, and fetch it back across a short interval,
+        where the simulator waits for the queue."""
+        m, n = self.model, self.n
+        half = self.hardware.pcie.duplex == "half"
+        self.S = m.add_vars(n + 1)
+        m.upper[self.S] = 0.0
+        for i in range(n):
+            m.add_row([self.S + i + 1, self.S + i, self.T + i], [1.0, -1.0, -1.0], 0.0, 0.0)
+        streams: dict[str, list[int]] = {}
+        for k, c in enumerate(self.cands):
+            stream = ("copy" if half else "d2h") if c.tier == "host" else "ssd_write"
+            streams.setdefault(stream, []).append(k)
+        self.backlog: dict[str, int] = {}
+        for stream, ks in sorted(streams.items()):
+            first = min(self.cands[k].after for k in ks)
+            last = max(self.cands[k].release[-1] for k in ks)
+            B = self.backlog[stream] = m.add_vars(n)
+            issued: dict[int, list[int]] = {}
+            for k in ks:
+                issued.setdefault(self.cands[k].after, []).append(k)
+            queued = 0.0
+            bound_at = np.zeros(n)
+            for i in range(first, min(last, n)):
+                ks_i = issued.get(i, [])
+                queued += sum(self.cands[k].out_us * MS for k in ks_i)
+                bound_at[i] = queued
+                index = [B + i, self.T + i] + ([B + i - 1] if i > first else [])
+                value = [1.0, 1.0] + ([-1.0] if i > first else [])
+                for k in ks_i:
+                    index.append(self.Y(k, self.cands[k].release[-1]))
+                    value.append(-self.cands[k].out_us * MS)
+                m.add_row(index, value, lower=0.0)
+            for k in ks:
+                c, col = self.cands[k], self.cols[k]
+                big = bound_at[c.after]
+                for s_, r in enumerate(c.release):
+                    m.add_row([self.S + r, self.S + c.after + 1, B + c.after, col.Y + s_],
+                              [1.0, -1.0, -1.0, -big], lower=-big)
+
+    def _spread(self, start: int, stop: int) -> list[tuple[int, float]]:
+        """How a piece of copy over the steps start .. stop-1 falls on each: in proportion
+        to the ops' times (evenly where they take none), as a stream that works through
+        its queue at a steady share of its link while those ops run."""
+        if stop - start == 1:
+            return [(start, 1.0)]
+        times = self.times[start:stop]
+        total = float(times.sum())
+        return [(start + j, float(t) / total if total > 0 else 1.0 / (stop - start)) for j, t in enumerate(times)]
+
     def extend(self, part: "Formulation", values: np.ndarray) -> np.ndarray:
         """A solution of ``part`` (a formulation over a subset of these candidates) as a
         solution of this one: the same moves, the others not taken."""
@@ -380,7 +532,7 @@ class Formulation:
         for c, col in zip(part.cands, part.cols):
             mine = self.cols[where[c.tensor, c.after, c.tier]]
             for first, size, theirs in ((mine.Y, len(c.release), col.Y), (mine.Z, len(c.fetch), col.Z),
-                                        (mine.u, len(c.out_steps), col.u), (mine.v, len(c.in_steps), col.v)):
+                                        (mine.u, len(c.out_pieces), col.u), (mine.v, len(c.in_pieces), col.v)):
                 x[first:first + size] = values[theirs:theirs + size]
         self._stretch_steps(x)
         return x
@@ -410,12 +562,177 @@ class Formulation:
             x[col.Y:col.Y + len(c.release)] = 1.0
             x[col.Z + len(c.fetch) - 1] = 1.0
             x[col.u] = c.out_us * MS                 # the whole copy in step a+1
-            x[col.v + len(c.in_steps) - 1] = c.in_us * MS   # and in step b-1
+            x[col.v + len(c.in_pieces) - 1] = c.in_us * MS   # and in step b-1
         if any(v > 0 for v in need.values()):
             return None
         x[self.T:self.T + self.n] = self.times * MS
         self._stretch_steps(x)
         return x
+
+    def choices_of_plan(self, actions, timeline=None) -> tuple[dict[int, tuple[int, int]], set[int], int]:
+        """A plan's moves and recomputes as this model's integer choices: candidate k ->
+        (release, fetch) for each offload and prefetch pair whose interval and tier are a
+        candidate's, and the recompute candidates a drop before and a recompute after
+        match. The release is the first position whose op started once the plan's
+        offload had ended on ``timeline`` (the plan's simulated spans; without one, the
+        first position), clipped so that the tensor leaves before it is fetched; the
+        fetch is the last position at or before the prefetch's issue op (the first
+        position when it was issued earlier; in the ``reach`` model, at or before the op
+        before the one its copy started in on ``timeline``, as memory is taken then,
+        R12). Also returns how many of the plan's offloads have no candidate here (moves
+        of small tensors, intervals the model does not have, copies made before the
+        iteration: initial placements)."""
+        index = self.profile.op_index
+        pos = lambda op: -1 if op is None else index[op]   # noqa: E731
+        by_interval: dict[tuple, int] = {}
+        for k, c in enumerate(self.cands):
+            by_interval[c.tensor, c.after, c.before, c.tier] = k
+        gaps: dict[str, list[tuple[int, int]]] = {}
+        for c in self.cands:
+            gaps.setdefault(c.tensor, []).append((c.after, c.before))
+        for r in self.redo:
+            gaps.setdefault(r.tensor, []).append((r.after, r.before))
+        ended: dict[tuple[str, int], float] = {}   # (tensor, nth offload of it) -> end time
+        began: dict[tuple[str, int], float] = {}   # (tensor, nth prefetch of it) -> start time
+        op_starts = None
+        if timeline is not None:
+            seen: dict[tuple[str, str], int] = {}
+            for span in timeline.spans:
+                kind = span.args.get("kind")
+                if kind in ("offload", "prefetch") and "members" not in span.args:
+                    n = seen.get((kind, span.args["tensor"]), 0)
+                    seen[kind, span.args["tensor"]] = n + 1
+                    if kind == "offload":
+                        ended[span.args["tensor"], n] = span.end_us
+                    else:
+                        began[span.args["tensor"], n] = span.start_us
+            begun = {s.name: s.start_us for s in timeline.spans if s.track == "compute"}
+            op_starts = np.maximum.accumulate([begun.get(op.id, np.inf) for op in self.profile.ops])
+        moved: dict[int, tuple[int, int]] = {}
+        pending: dict[str, tuple[int, str, int]] = {}
+        count: dict[str, int] = {}
+        fetched: dict[str, int] = {}
+        dropped: dict[str, int] = {}
+        redo = {(r.tensor, r.after, r.before): k for k, r in enumerate(self.redo)}
+        recomputed: set[int] = set()
+        taken: set[tuple[str, int]] = set()
+        unmatched = 0
+        for act in actions:
+            if act.kind == "offload":
+                n = count.get(act.tensor, 0)
+                count[act.tensor] = n + 1
+                pending[act.tensor] = (pos(act.after), act.to, n)
+            elif act.kind == "drop":
+                dropped[act.tensor] = pos(act.after)
+            elif act.kind == "recompute":
+                at, b = dropped.pop(act.tensor, None), pos(act.before)
+                for a, before in gaps.get(act.tensor, ()):
+                    if before == b and at is not None and a <= at < b and (act.tensor, a, b) in redo \
+                            and (act.tensor, a) not in taken:
+                        recomputed.add(redo[act.tensor, a, b])
+                        taken.add((act.tensor, a))
+            elif act.kind == "prefetch":
+                nth = fetched.get(act.tensor, 0)
+                fetched[act.tensor] = nth + 1
+                if act.tensor not in pending:
+                    continue
+                at, tier, n = pending.pop(act.tensor)
+                f, b = pos(act.after), pos(act.before)
+                copied = began.get((act.tensor, nth))
+                if self.reach and copied is not None and op_starts is not None:   # memory taken at copy start (R12)
+                    f = max(f, int(np.searchsorted(op_starts, copied, side="right")) - 2)
+                k = next((by_interval[act.tensor, a, before, tier] for a, before in gaps.get(act.tensor, ())
+                          if a <= at and before == b and (act.tensor, a, before, tier) in by_interval), None)
+                if k is None or (act.tensor, self.cands[k].after) in taken:
+                    unmatched += 1
+                    continue
+                c = self.cands[k]
+                fetch = c.fetch[max(0, bisect_right(c.fetch, f) - 1)]
+                done = ended.get((act.tensor, n))
+                if done is None or op_starts is None:
+                    release = c.release[0]
+                else:   # the first position whose op started once the copy had ended
+                    release = next((r for r in c.release if op_starts[r] >= done), c.release[-1])
+                if release > fetch:   # the tensor leaves before it is fetched
+                    earlier = [r for r in c.release if r <= fetch]
+                    if not earlier:
+                        unmatched += 1
+                        continue
+                    release = earlier[-1]
+                moved[k] = (release, fetch)
+                taken.add((act.tensor, c.after))
+        unmatched += len(pending)
+        return moved, recomputed, unmatched
+
+    def values_of(self, moved: dict[int, tuple[int, int]], recomputed=frozenset()) -> np.ndarray:
+        """The integer columns of these choices (candidate k -> (release, fetch), the
+        recompute candidates taken); the continuous ones zero."""
+        x = np.zeros(self.model.num_cols)
+        for k, (release, fetch) in moved.items():
+            c, col = self.cands[k], self.cols[k]
+            x[col.Y + c.release.index(release):col.Y + len(c.release)] = 1.0
+            x[col.Z + c.fetch.index(fetch):col.Z + len(c.fetch)] = 1.0
+        for k in recomputed:
+            x[self.Q + k] = 1.0
+        return x
+
+    def cover(self, moved: dict[int, tuple[int, int]], recomputed=frozenset()) -> dict[int, tuple[int, int]]:
+        """``moved`` with more moves until every op over the budget fits in the model
+        (as ``start`` adds them: the largest first, host first, each released as early
+        and fetched as late as it may be); candidates of intervals already moved or
+        recomputed are skipped."""
+        resident = self.profile.resident_bytes
+        need = {i: resident[i] - self.budget for i in self.over_ops}
+        taken = {(self.redo[k].tensor, self.redo[k].after) for k in recomputed}
+        for k in recomputed:
+            r = self.redo[k]
+            for i in range(r.after + 1, r.before):
+                if i in need:
+                    need[i] -= r.nbytes
+        for k, (release, fetch) in moved.items():
+            c = self.cands[k]
+            taken.add((c.tensor, c.after))
+            for i in range(release, fetch + 1):
+                if i in need:
+                    need[i] -= c.nbytes
+        out = dict(moved)
+        order = sorted(range(len(self.cands)), key=lambda k: (self.cands[k].tier != "host", -self.cands[k].nbytes, k))
+        for k in order:
+            c = self.cands[k]
+            span = range(c.release[0], c.fetch[-1] + 1)
+            if (c.tensor, c.after) in taken or not any(need.get(i, 0) > 0 for i in span):
+                continue
+            taken.add((c.tensor, c.after))
+            out[k] = (c.release[0], c.fetch[-1])
+            for i in span:
+                if i in need:
+                    need[i] -= c.nbytes
+        for k in sorted(out, key=lambda k: (-self.cands[k].nbytes, k)):   # then the moves given, widened
+            c, (release, fetch) = self.cands[k], out[k]
+            if any(need.get(i, 0) > 0 for i in range(c.release[0], c.fetch[-1] + 1)
+                   if not release <= i <= fetch):
+                for i in range(c.release[0], c.fetch[-1] + 1):
+                    if i in need and not release <= i <= fetch:
+                        need[i] -= c.nbytes
+                out[k] = (c.release[0], c.fetch[-1])
+        return out
+
+    def priced(self, x: np.ndarray, time_limit: float, threads: int) -> np.ndarray | None:
+        """``x``'s integer choices with the best continuous values for them (copy
+        placement, step times, chain recomputes: an LP), or None when no continuous
+        values make them feasible in the model."""
+        m = self.model
+        lower, upper, integer = m.lower, m.upper, m.integer
+        m.lower = [float(x[k]) if integer[k] else lower[k] for k in range(m.num_cols)]
+        m.upper = [float(x[k]) if integer[k] else upper[k] for k in range(m.num_cols)]
+        m.integer = [0] * m.num_cols
+        try:
+            fixed = m.solve(time_limit, threads, 0, 0.0)
+        finally:
+            m.lower, m.upper, m.integer = lower, upper, integer
+        if fixed.values is None or fixed.status != "optimal":
+            return None
+        return np.where(np.asarray(integer, dtype=bool), np.round(x), fixed.values)
 
     def _token_rows(self) -> None:
         """TMOF's token: in any step at most one offload is in flight (moved, not yet
@@ -460,9 +777,9 @@ def decode(form: Formulation, values: np.ndarray) -> list[Chosen]:
             continue
         release = next(r for r in c.release if values[form.Y(k, r)] > 0.5)
         fetch = next(f for f in c.fetch if values[form.Z(k, f)] > 0.5)
-        pieces = values[col.v:col.v + len(c.in_steps)]
+        pieces = values[col.v:col.v + len(c.in_pieces)]
         busy = np.flatnonzero(pieces > 1e-6 * max(c.in_us * MS, 1e-9))
-        done = c.in_steps[busy[-1]] if len(busy) else c.before - 1
+        done = c.in_pieces[busy[-1]][1] - 1 if len(busy) else c.before - 1
         chosen.append(Chosen(c, release, fetch, done))
     return chosen
 

@@ -26,15 +26,40 @@ Checkmate's O(n^2) stages), with recompute chains (a source dropped across the r
 is regenerated first) and recomputes that read a swapped source brought back early (its
 prefetch due at the recompute, as Capuchin retargets it).
 
-Both: the MILP's objective is its predicted iteration time (the sum of step times), and
+All: the MILP's objective is its predicted iteration time (the sum of step times), and
 HiGHS's dual bound is a proven lower bound on that objective for this formulation (not on
-every plan: it fixes the op order, the windows and the candidate intervals). The decoded
-plan is simulated; the fallback (g10's plan, host only for tmof: planner/swap/g10.py
-``plan_g10``, the one import of another planner here) is too, and the faster
-of the two is returned. The model shares each copy stream's time between copies step by
-step, the simulator's FIFO streams (R17) run them one at a time: the solution is lowered
-with its prefetches queued in each order of ``QUEUES`` (common.py: deadline, the model's
-finishing order, earliest deadline among those issued) and the fastest simulated is kept.
+every plan: it fixes the op order, the windows and the candidate intervals). The heuristic
+fallback (g10's plan, host only for tmof: planner/swap/g10.py ``plan_g10``, the one import
+of another planner here; for joint the faster of capuchin's and g10's) is planned first
+and is the solver's MIP start (common.py ``best_start``): its offload and prefetch pairs
+(and, for joint, its drop and recompute pairs) whose interval and tier are candidates
+become the model's choices, each release read off the heuristic's simulated timeline;
+where the model needs more memory freed than those moves free (g10 starts weights and
+optimizer state in host memory, which this model cannot express, and moves tensors too
+small to be candidates) moves are added or widened (``Formulation.cover``); an LP places
+the copies and times the steps (``Formulation.priced``). The start HiGHS gets is the
+fastest in the model of that, the host-only model's solution (autotm with SSD) and the
+greedy start. The decoded plan is simulated, and returned whenever it simulates at least
+as fast as the heuristic; only a strictly faster heuristic plan is returned instead
+(``fallback`` in the notes, with ``heuristic_us`` beside ``simulated_us``; ``solver`` and
+``mip_gap`` say what HiGHS proved). The model shares each copy stream's time between
+copies step by step, the simulator's FIFO streams (R17) run them one at a time: the
+solution is lowered with its prefetches queued in each order of ``QUEUES`` (common.py:
+deadline, the model's finishing order, earliest deadline among those issued) and the
+fastest simulated is kept.
+
+Where the model's time departs from the simulator's (docs/ilp.md): an offload must end
+within ``window`` ops of its last use (the paper's window; the simulator lets it run on,
+and frees the memory when it ends), so on a transformer, where the forward's offloads
+queue on the link long past their window, the model stretches forward steps that the
+simulator runs at full speed and stalls later instead: on gpt2-b48-s1024 at 50% the model
+is 3-4% above the simulated time of its own plan. ``reach`` (autotm, off by default)
+puts release and fetch positions only at ops over the budget, reaching past the window
+to the interval's ends (spaced out), with the copies in pieces between them, running-sum
+copy rows (a far tighter LP relaxation) and the offload streams' FIFO queue as rows (a
+copy issued late cannot end ahead of the queue): its timing matches the simulator's at
+GPT-2's peak, but at 20 s on 2 cores HiGHS does not get past its first incumbents
+(docs/ilp.md).
 """
 from __future__ import annotations
 
@@ -43,25 +68,25 @@ from dataclasses import replace
 
 from ...core.api import score, simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
-from .common import DEFAULT_GAP, DEFAULT_TIME_LIMIT, QUEUES, fix_by_relaxation, to_actions
+from .common import DEFAULT_GAP, DEFAULT_TIME_LIMIT, QUEUES, best_start, fix_by_relaxation, to_actions
 from .intervals import (MS, Formulation, candidates, decode, decode_chains, decode_recomputes, predicted_us, recomputes,
                         retarget, step_times)
 
 
 def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tiers: tuple[str, ...], window: int,
                     token: bool, gap: float | None, fallback, recompute_too: bool = False,
-                    fix_above: int = 100_000) -> Draft:
+                    fix_above: int = 100_000, reach: bool = False) -> Draft:
     """Build, solve, decode and judge one swap MILP; ``fallback()`` gives the heuristic draft."""
     started = time.perf_counter()
     deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
     sim = simulator_for(profile, hardware, options)
     gap = DEFAULT_GAP if gap is None else gap
-    cands = candidates(profile, hardware, budget, window, tiers)
+    cands = candidates(profile, hardware, budget, window, tiers, reach=reach)
     redo = recomputes(profile, budget) if recompute_too else []
-    form = Formulation(profile, hardware, budget, cands, one_offload_at_a_time=token, redo=redo)
+    form = Formulation(profile, hardware, budget, cands, one_offload_at_a_time=token, redo=redo, reach=reach)
     built = time.perf_counter() - started
     notes = {"candidates": len(cands), "recompute_candidates": len(redo), "columns": form.model.num_cols, "rows": form.model.num_rows,
-             "over_budget_ops": len(form.over_ops), "window": window}   # no timings: plans stay byte-identical
+             "over_budget_ops": len(form.over_ops), "window": window, "reach": reach}   # no timings: plans stay byte-identical
     if not form.over_ops:
         return Draft(status="optimal", gap=0.0, estimate_us=profile.ideal_us, notes=notes)
     if form.uncovered:   # an op over the budget that no candidate interval can free memory at
@@ -74,18 +99,21 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
         form, full_bound = fix_by_relaxation(form, max(1.0, 0.3 * (deadline - time.perf_counter())), options,
                                               token, notes)
         cands = form.cands
-    start = form.start()
+    backup = fallback()   # first, so that the time limit covers it, and the solver starts from it
+    backup_result = score(sim, budget, backup.actions, backup.initial)
+    given = None
     if len(tiers) > 1:
         # host moves alone first (a smaller model HiGHS solves fast): its plan starts the full one
-        host = Formulation(profile, hardware, budget, [c for c in cands if c.tier == "host"], token)
+        host = Formulation(profile, hardware, budget, [c for c in cands if c.tier == "host"], token, reach=reach)
         limit = max(1.0, 0.5 * (deadline - time.perf_counter()))
+        host_start = best_start(host, sim, budget, backup, limit, options.threads, {})
         options.say(f"MILP, host moves only: {host.model.num_cols} columns; solving (limit {limit:.0f} s)")
-        first = host.model.solve(limit, options.threads, options.seed, gap, start=host.start())
+        first = host.model.solve(limit, options.threads, options.seed, gap, start=host_start)
         if first.values is not None:
-            start = form.extend(host, first.values)
+            given = form.extend(host, first.values)
             notes.update(host_only_us=first.objective / MS, host_only_gap=first.gap)
-    backup = fallback()   # first, so that the time limit covers it
-    backup_result = score(sim, budget, backup.actions, backup.initial)
+    start = best_start(form, sim, budget, backup, max(1.0, 0.1 * (deadline - time.perf_counter())), options.threads,
+                       notes, given)
     left = deadline - time.perf_counter()
     limit = max(1.0, left - min(0.05 * left, 10.0))   # the rest: polishing, lowering, simulating
     options.say(f"MILP: {form.model.num_cols} columns, {form.model.num_rows} rows; solving (limit {limit:.0f} s)")
@@ -118,9 +146,10 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
             result, actions, queue = tried, lowered, name
     notes.update(moved=len(chosen), recomputed=len(redone), chain_recomputes=len(chains), prefetch_queue=queue, model_objective_us=estimate,
                  simulated_us=result.iteration_us if result.ok else None)
-    if backup_result.ok and (not result.ok or backup_result.iteration_us < result.iteration_us):
-        notes.update(fallback="the heuristic plan simulated faster than the solver's",
-                     heuristic_us=backup_result.iteration_us)
+    notes.update(heuristic_us=backup_result.iteration_us if backup_result.ok else None)
+    if backup_result.ok and (not result.ok or backup_result.iteration_us < result.iteration_us):   # strictly faster
+        notes.update(fallback="the heuristic plan simulated faster than the solver's" if result.ok
+                     else "the solver's plan does not run within the budget: the heuristic plan")
         return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", gap=solution.gap,
                      estimate_us=estimate, notes=notes)
     return Draft(actions=actions, status=solution.status, gap=solution.gap, estimate_us=estimate, notes=notes)
@@ -146,18 +175,22 @@ _COMMON = (
     "AutoTM (ASPLOS'20): MILP over where each tensor lives between uses (GPU, host, SSD), "
     "asynchronous moves within a window of kernels, each kernel as long as its compute or its copies.",
     params=(Param("window", 15, "ops before / after a use within which a move may run", low=1, high=4096),
-            Param("ssd", True, "allow the SSD tier (when the hardware has one)")) + _COMMON,
+            Param("ssd", True, "allow the SSD tier (when the hardware has one)"),
+            Param("reach", False, "positions only at ops over the budget, past the window up to the interval's "
+                                  "ends (spaced out), copies in pieces between them, running-sum copy rows and "
+                                  "the offload streams' FIFO queue in the model (docs/ilp.md: experimental, "
+                                  "slower to solve)")) + _COMMON,
     moves_persistent=True,
     paper="Hildebrand et al., AutoTM: Automatic Tensor Movement in Heterogeneous Memory Systems "
           "using Integer Linear Programming, ASPLOS 2020",
     searches=True,
 )
-def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=15, ssd=True, gap=1e-3,
-                fix_above=100_000):
+def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=15, ssd=True, reach=False,
+                gap=1e-3, fix_above=100_000):
     tiers = ("host", "ssd") if ssd and hardware.ssd is not None else ("host",)
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=tiers, window=window, token=False,
                            gap=gap, fallback=_g10(profile, hardware, budget_bytes, ssd and "ssd" in tiers, options),
-                           fix_above=fix_above)
+                           fix_above=fix_above, reach=reach)
 
 
 @register(
