@@ -56,6 +56,18 @@ class Model:
         self.row_lower.append(lower)
         self.row_upper.append(upper)
 
+    def with_integers_fixed(self, values, time_limit: float, threads: int) -> "Solution":
+        """The LP left when every integer column is fixed to its value in ``values``: the
+        best continuous values for those choices (the model is restored after)."""
+        lower, upper, integer = self.lower, self.upper, self.integer
+        self.lower = [float(values[k]) if integer[k] else lower[k] for k in range(self.num_cols)]
+        self.upper = [float(values[k]) if integer[k] else upper[k] for k in range(self.num_cols)]
+        self.integer = [0] * self.num_cols
+        try:
+            return self.solve(time_limit, threads, 0, 0.0)
+        finally:
+            self.lower, self.upper, self.integer = lower, upper, integer
+
     def polish(self, solution: "Solution", time_limit: float, threads: int, gap: float) -> "Solution":
         """``solution`` with its integer columns fixed and the continuous ones solved
         for (a heuristic incumbent's continuous values are often far from their best);
@@ -63,18 +75,11 @@ class Model:
         optimal when that gap is within ``gap``."""
         if solution.values is None or not any(self.integer):
             return solution
-        lower, upper, integer = self.lower, self.upper, self.integer
         rounded = np.round(solution.values)
-        self.lower = [float(rounded[k]) if integer[k] else lower[k] for k in range(self.num_cols)]
-        self.upper = [float(rounded[k]) if integer[k] else upper[k] for k in range(self.num_cols)]
-        self.integer = [0] * self.num_cols
-        try:
-            fixed = self.solve(time_limit, threads, 0, 0.0)
-        finally:
-            self.lower, self.upper, self.integer = lower, upper, integer
+        fixed = self.with_integers_fixed(rounded, time_limit, threads)
         if fixed.values is None or fixed.objective >= solution.objective:
             return solution
-        values = np.where(np.asarray(integer, dtype=bool), rounded, fixed.values)
+        values = np.where(np.asarray(self.integer, dtype=bool), rounded, fixed.values)
         new_gap = None if solution.bound is None else max(0.0, (fixed.objective - solution.bound) / abs(fixed.objective))
         status = "optimal" if new_gap is not None and new_gap <= gap else solution.status
         return Solution(status, values, fixed.objective, solution.bound, new_gap, solution.model_status)

@@ -721,18 +721,10 @@ class Formulation:
         """``x``'s integer choices with the best continuous values for them (copy
         placement, step times, chain recomputes: an LP), or None when no continuous
         values make them feasible in the model."""
-        m = self.model
-        lower, upper, integer = m.lower, m.upper, m.integer
-        m.lower = [float(x[k]) if integer[k] else lower[k] for k in range(m.num_cols)]
-        m.upper = [float(x[k]) if integer[k] else upper[k] for k in range(m.num_cols)]
-        m.integer = [0] * m.num_cols
-        try:
-            fixed = m.solve(time_limit, threads, 0, 0.0)
-        finally:
-            m.lower, m.upper, m.integer = lower, upper, integer
+        fixed = self.model.with_integers_fixed(x, time_limit, threads)
         if fixed.values is None or fixed.status != "optimal":
             return None
-        return np.where(np.asarray(integer, dtype=bool), np.round(x), fixed.values)
+        return np.where(np.asarray(self.model.integer, dtype=bool), np.round(x), fixed.values)
 
     def _token_rows(self) -> None:
         """TMOF's token: in any step at most one offload is in flight (moved, not yet
