@@ -58,6 +58,36 @@ is listed under departures.
    with swap overheads weighed at 1/``UNSURE`` (leaning to swaps), and the simulator
    keeps the faster of the two (bert-base at 40 GiB on an A100: 4.2% -> 0.5%; on the
    shipped profiles never slower, since the first plan stays when it is not beaten).
+8. SSD tier (``ssd``, on by default on a machine with an SSD; a departure, below). Host
+   memory and SSD space are tracked per op as R19 counts them: a copy holds space from the
+   op after its offload is issued until the tensor's last access (its death), and a second
+   offload of a tensor to the same tier reuses the space; a swap whose copy does not fit
+   is not an option in that tier. The plan of steps 1-7 swaps to host memory only; when it
+   had to refuse a swap for want of host memory, a second plan (steps 1-7 again) may also
+   swap to the SSD, and the simulator keeps the faster of the two (note ``ssd_tier``).
+   Which tensors go to the SSD: a plan is made (phases 1 and 2) as if host memory were
+   unbounded; while its swaps' host copies would overflow host memory at some op, the
+   swapped tensor holding space there with the longest free time (step 2) is moved to the
+   SSD set (long free times hide the slow copies best). In the second plan those tensors
+   try the SSD first and the others host memory first, each falling back to the other
+   tier when its own has no room (phase 1: no room or the copy does not hide; phase 2:
+   the tier whose swap stalls less, the first tried on a tie). An SSD swap's SwapTime uses
+   the SSD route's latency and rate (``transfer_links``: PCIe + SSD latency, the slower
+   link's rate, R18); its copies queue FIFO on their own streams (``ssd_write``,
+   ``ssd_read``, R1), or on the one copy-engine queue of a half-duplex machine through
+   host memory (R17), and each also takes its share of PCIe, a copy of its bytes at the
+   PCIe rate queued on the host copy queue of its direction from its estimated start, due
+   never (it only delays host copies). A prefetch from the SSD starts after its offload to
+   the SSD ends. The stall estimate (phase 2's swap overhead, weighed against recompute
+   time by MSPS) counts both queues. A tensor whose copy is still valid reuses it in its
+   tier (a drop, then a prefetch from that tier).
+   On G10's machine (a100-40gb-g10, 128 GiB host, 3.2 GB/s SSD; budget 40 GiB), where
+   capuchin's host-only plans did not run: ResNet-152 b1280 with G10's kernel times
+   1.001x the ideal (bound 1.000x; g10 1.105x), SENet-154 b1024 with G10's kernel times
+   1.257x (bound 1.034x; g10 1.43x), SENet-154 with roofline kernel times 10.2x (bound
+   1.515x; g10 6.75x: PCIe and the SSD cannot drain the forward pass, and batch-norm
+   outputs cannot be recomputed). ResNet-152 with roofline times never runs out of host
+   memory here (2.54x, unchanged; bound 1.447x; g10 8.5x).
 
 Departures from the paper, and why:
 
@@ -95,8 +125,11 @@ Departures from the paper, and why:
   largest producer workspace, just before ``c``) is checked against the estimate of
   what is resident entering ``c``; it is an approximation, as is the estimate itself
   (whole ops, ideal times).
-- Host memory only (Capuchin swaps to host; no SSD); weights and optimizer state never
-  move (``moves_persistent=False``).
+- The SSD tier (step 8): Capuchin swaps to host memory only and assumes it is large
+  enough. Here, when the machine has an SSD and host memory runs out, swaps spill to the
+  SSD (``ssd=false``: host memory only, as the paper). Host capacity is counted per op
+  (R19) rather than assumed. Weights and optimizer state never move
+  (``moves_persistent=False``).
 - The feedback step: the paper moves the in-trigger earlier when a tensor is still being
   swapped in at its back-access; the amount here is ``max(stall, feedback_step x
   iteration)``, bounded as in step 6.
@@ -110,7 +143,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.compile.compiled import link_speed
+from simulator.compile.compiled import link_speed, transfer_links
 from simulator.plan import Action, drop, offload, prefetch, recompute
 from simulator.profile import Profile
 
@@ -121,6 +154,9 @@ from ..core.estimate import MemoryEstimate
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
 
 SWAP, RECOMPUTE = "swap", "recompute"
+HOST, SSD = "host", "ssd"
+OUT, IN = "out", "in"
+_SPILL_ORDER = (SSD, HOST)   # with the SSD tier and no preselection: try the SSD first
 _MAX_CHAIN = 32          # recursion guard for recompute chains (sources strictly earlier)
 _REBUILDS = 3            # phase 2 restarts when the estimate rose after a choice
 UNSURE = 2.0            # a swap and a recompute whose estimated costs are within this factor: unsure
@@ -220,7 +256,8 @@ class _Eviction:
     free_from: int                # first op it is counted off the GPU
     free_to: int                  # last op (free_from > free_to: frees nothing)
     trigger: int = -1             # SWAP: the prefetch is issued after this op
-    reuse_copy: bool = False      # SWAP: drop (the host copy is still valid) instead of offload
+    reuse_copy: bool = False      # SWAP: drop (the tier's copy is still valid) instead of offload
+    tier: str = HOST              # SWAP: where the copy is (HOST | SSD)
     out_end_us: float = 0.0       # SWAP: when its source copy is written (queue model)
     out_key: tuple | None = None
     in_key: tuple | None = None
@@ -233,6 +270,7 @@ class _SwapOption:
     overhead_us: float
     reuse_copy: bool
     out_end_us: float
+    tier: str = HOST
 
 
 @dataclass
@@ -246,7 +284,8 @@ class _State:
     """The choices so far and what they imply: accesses (including recompute reads),
     evictions, the op-granularity memory estimate and the two copy queues."""
 
-    def __init__(self, sim, budget: int, allow_swap: bool, allow_recompute: bool, swap_weight: float = 1.0):
+    def __init__(self, sim, budget: int, allow_swap: bool, allow_recompute: bool, swap_weight: float = 1.0,
+                 spill: bool = False, ssd_first: frozenset | None = None, host_bytes: int | None = None):
         profile, hardware = sim.profile, sim.hardware
         self.sim = sim                   # the compiled profile and machine its plans are scored on
         self.profile = profile
@@ -276,8 +315,27 @@ class _State:
         self.h2d = self.d2h if half else _Link()
         self.out_speed = link_speed(hardware, "offload", "host")
         self.in_speed = link_speed(hardware, "prefetch", "host")
-        self.host_free = hardware.host.memory_bytes
-        self.on_host: set[str] = set()
+        # the tiers a swap may use, in the order phase 1 tries them (the SSD first: see _swap_option)
+        self.tiers = _SPILL_ORDER if spill and hardware.ssd is not None else (HOST,)
+        self.ssd_first = ssd_first  # with the SSD tier: the tensors that try it first (None: all)
+        self.queue = {(HOST, OUT): self.d2h, (HOST, IN): self.h2d}
+        self.speed = {(HOST, OUT): self.out_speed, (HOST, IN): self.in_speed}
+        self.capacity = {HOST: hardware.host.memory_bytes if host_bytes is None else host_bytes}
+        self.pcie_share: dict[tuple[str, str], float] = {}  # SSD copies' share of PCIe: bytes per us
+        if SSD in self.tiers:
+            self.capacity[SSD] = hardware.ssd.capacity_bytes
+            for way, kind in ((OUT, "offload"), (IN, "prefetch")):
+                latency, links, engine = transfer_links(hardware, kind, "ssd")
+                self.speed[(SSD, way)] = (latency, min(rate for _, rate in links))
+                if engine:      # half duplex through host memory: it holds the one copy engine
+                    self.queue[(SSD, way)] = self.d2h
+                else:           # its own stream, sharing the PCIe link with host copies (R17, R18)
+                    self.queue[(SSD, way)] = _Link()
+                    self.pcie_share[(SSD, way)] = min(rate for name, rate in links if name.startswith("pcie"))
+        # R19: bytes each tier holds per op, and from which op a tensor's copy holds space
+        self.tier_use = {tier: np.zeros(self.n, dtype=np.int64) for tier in self.tiers}
+        self.held: dict[str, dict[str, int]] = {tier: {} for tier in self.tiers}
+        self.host_short = False     # a swap was refused for want of host memory
         self.version = 0            # bumped on every choice (lazy re-scoring)
         self.raised = False         # the estimate rose somewhere since last asked
         self.new_gaps: list[tuple[str, int, int]] = []
@@ -323,14 +381,62 @@ class _State:
             return "resident", None
         return ("recomputed" if ev.method == RECOMPUTE else "swapped"), pair
 
-    def host_copy_valid(self, tid: str, e: int) -> bool:
-        """A swap of ``tid`` before op e left a host copy that no update has made stale."""
-        offloaded = [ev.after for ev in self.evictions.get(tid, {}).values()
+    def tier_order(self, tid: str) -> tuple[str, ...]:
+        if len(self.tiers) == 1 or self.ssd_first is None:
+            return self.tiers
+        return (SSD, HOST) if tid in self.ssd_first else (HOST, SSD)
+
+    def valid_copy(self, tid: str, e: int) -> str | None:
+        """The tier where a swap of ``tid`` before op e left a copy that no update has made
+        stale (the latest such swap's), or None."""
+        offloaded = [(ev.after, ev.tier) for ev in self.evictions.get(tid, {}).values()
                      if ev.method == SWAP and not ev.reuse_copy and ev.after < e]
         if not offloaded:
-            return False
-        last = max(offloaded)
-        return not any(last < u <= e for u in self.profile.updaters[tid])
+            return None
+        last, tier = max(offloaded)
+        return None if any(last < u <= e for u in self.profile.updaters[tid]) else tier
+
+    def _new_space(self, tier: str, tid: str, e: int) -> tuple[int, int]:
+        """The op range [lo, hi) in which an offload of ``tid`` after op e adds to the
+        tier's use (R19: a copy holds space from its offload's start until the tensor is
+        dead; offloading again to the same tier reuses the space)."""
+        held = self.held[tier].get(tid)
+        return e + 1, (held if held is not None else self.accesses[tid][-1] + 1)
+
+    def fits(self, tier: str, tid: str, e: int) -> bool:
+        """Whether the tier has room for a copy of ``tid`` offloaded after op e."""
+        lo, hi = self._new_space(tier, tid, e)
+        if lo >= hi:
+            return True
+        use = self.tier_use[tier]
+        return int(use[lo:hi].max()) + self.tensors[tid].bytes <= self.capacity[tier]
+
+    def hold(self, tier: str, tid: str, e: int) -> None:
+        lo, hi = self._new_space(tier, tid, e)
+        if lo < hi:
+            self.tier_use[tier][lo:hi] += self.tensors[tid].bytes
+            self.held[tier][tid] = lo
+
+    def pcie_part(self, tier: str, way: str, copy: _Copy, nbytes: int) -> _Copy | None:
+        """An SSD copy on its own stream also crosses PCIe (R17, R18): its share of that
+        link, as a copy of its bytes at the PCIe rate on the host queue, from when it is
+        estimated to start on its own stream, due never (it only delays host copies)."""
+        share = self.pcie_share.get((tier, way))
+        if share is None:
+            return None
+        start = self.queue[(tier, way)].end_if_added(copy.key, copy.enqueue_us, copy.duration_us) - copy.duration_us
+        return _Copy(copy.key, start, nbytes / share, math.inf)
+
+    def add_copy(self, tier: str, way: str, copy: _Copy, nbytes: int) -> None:
+        part = self.pcie_part(tier, way, copy, nbytes)
+        self.queue[(tier, way)].add(copy)
+        if part is not None:
+            self.queue[(HOST, way)].add(part)
+
+    def remove_copy(self, tier: str, way: str, key: tuple) -> None:
+        self.queue[(tier, way)].remove(key)
+        if (tier, way) in self.pcie_share:
+            self.queue[(HOST, way)].remove(key)
 
     # ---------------------------------------------------------------- updates
 
@@ -355,6 +461,10 @@ class _State:
         i = bisect_left(points, c)
         if i < len(points) and points[i] == c:
             return
+        if i == len(points):    # a later death: its tier copies hold their space longer (R19)
+            for tier in self.tiers:
+                if tid in self.held[tier]:
+                    self.tier_use[tier][points[-1] + 1:c + 1] += self.tensors[tid].bytes
         points.insert(i, c)
         if i > 0 and c - points[i - 1] >= 2:
             self.new_gaps.append((tid, points[i - 1], c))
@@ -388,21 +498,46 @@ def _resident_intervals(points: list[int], op_points: frozenset[int],
 
 def _swap_option(state: _State, tid: str, e: int, c: int, hidden_only: bool) -> _SwapOption | None:
     """How a swap of ``tid`` across (e, c) would go with the queues as they are, or None
-    when it cannot help (nothing over budget freed, no host room; with ``hidden_only``,
-    a copy that cannot hide or delays another into a stall)."""
+    when it cannot help (nothing over budget freed, no room in any tier; with
+    ``hidden_only``, a copy that cannot hide or delays another into a stall).
+
+    A tensor whose copy is still valid reuses it, in its tier. Otherwise, with the SSD
+    tier on: with ``hidden_only`` (phase 1, pairs by free time, longest first) the SSD
+    when its slower copies still hide there, else host memory; in phase 2 the tier whose
+    swap stalls less (the SSD on a tie, keeping host room for the pairs that need it)."""
     if not state.allow_swap:
         return None
+    reused = state.valid_copy(tid, e)
+    if reused is not None:
+        return _tier_option(state, tid, e, c, reused, True, hidden_only)
+    best = None
+    for tier in state.tier_order(tid):
+        if not state.fits(tier, tid, e):
+            if tier == HOST:
+                state.host_short = True
+            continue
+        option = _tier_option(state, tid, e, c, tier, False, hidden_only)
+        if option is None:
+            continue
+        if hidden_only:
+            return option
+        if best is None or option.overhead_us < best.overhead_us:
+            best = option
+    return best
+
+
+def _tier_option(state: _State, tid: str, e: int, c: int, tier: str, reuse: bool,
+                 hidden_only: bool) -> _SwapOption | None:
+    """``_swap_option`` for one tier (``reuse``: its copy is valid already, so a drop)."""
     starts = state.starts
     nbytes = state.tensors[tid].bytes
-    reuse = state.host_copy_valid(tid, e)
-    if not reuse and tid not in state.on_host and nbytes > state.host_free:
-        return None
-    out_us, in_us = state.swap_us(tid, state.out_speed), state.swap_us(tid, state.in_speed)
+    out_link, in_link = state.queue[(tier, OUT)], state.queue[(tier, IN)]
+    out_us, in_us = state.swap_us(tid, state.speed[(tier, OUT)]), state.swap_us(tid, state.speed[(tier, IN)])
     out_key = (e, 1, state.seq)
     if reuse:
         out_end = starts[e + 1]
     else:
-        out_end = state.d2h.end_if_added(out_key, starts[e + 1], out_us)
+        out_end = out_link.end_if_added(out_key, starts[e + 1], out_us)
     free_from = max(e + 1, bisect_left(starts, out_end - 1e-9, 0, state.n))
     over = state.estimate.over_in(free_from, c)
     if len(over) == 0:
@@ -415,8 +550,13 @@ def _swap_option(state: _State, tid: str, e: int, c: int, hidden_only: bool) -> 
             return None
         free_from = int(over[0])
     stall_out = 0.0
+    out_copy = _Copy(out_key, starts[e + 1], out_us, starts[free_from])
+    out_part = None
     if not reuse:
-        stall_out = state.d2h.extra_stall(_Copy(out_key, starts[e + 1], out_us, starts[free_from]))
+        stall_out = out_link.extra_stall(out_copy)
+        out_part = state.pcie_part(tier, OUT, out_copy, nbytes)
+        if out_part is not None:
+            stall_out += state.d2h.extra_stall(out_part)
         if hidden_only and stall_out > 1e-9:
             return None
     last_over = int(over[-1])
@@ -429,7 +569,7 @@ def _swap_option(state: _State, tid: str, e: int, c: int, hidden_only: bool) -> 
     lo, hi = free_from, c - 1
     while lo <= hi:  # the latest trigger whose prefetch still ends by c (ends grow with p)
         mid = (lo + hi) // 2
-        if state.h2d.end_if_added((mid, 2, state.seq), issued(mid), in_us) <= deadline + 1e-9:
+        if in_link.end_if_added((mid, 2, state.seq), issued(mid), in_us) <= deadline + 1e-9:
             hidden, lo = mid, mid + 1
         else:
             hi = mid - 1
@@ -437,14 +577,19 @@ def _swap_option(state: _State, tid: str, e: int, c: int, hidden_only: bool) -> 
         return None
     trigger = max(hidden if hidden is not None else free_from, last_over)
     prefetch_copy = _Copy((trigger, 2, state.seq), issued(trigger), in_us, deadline)
-    if state.h2d is state.d2h and not reuse:   # half duplex: one queue holds both copies
-        link = state.d2h.with_copy(_Copy(out_key, starts[e + 1], out_us, starts[free_from]))
-        stall_in = link.extra_stall(prefetch_copy)
+    if in_link is out_link and not reuse:   # half duplex: one queue holds both copies
+        stall_in = out_link.with_copy(out_copy).extra_stall(prefetch_copy)
     else:
-        stall_in = state.h2d.extra_stall(prefetch_copy)
+        stall_in = in_link.extra_stall(prefetch_copy)
+    in_part = state.pcie_part(tier, IN, prefetch_copy, nbytes)
+    if in_part is not None:
+        host_in = state.h2d
+        if host_in is state.d2h and out_part is not None:
+            host_in = host_in.with_copy(out_part)
+        stall_in += host_in.extra_stall(in_part)
     if hidden_only and stall_in > 1e-9:
         return None
-    return _SwapOption(free_from, trigger, stall_out + stall_in, reuse, out_end)
+    return _SwapOption(free_from, trigger, stall_out + stall_in, reuse, out_end, tier)
 
 
 def _recompute_option(state: _State, tid: str, e: int, c: int) -> _RecomputeOption | None:
@@ -543,7 +688,7 @@ def _earlier_prefetch_stall(state: _State, src: str, c: int) -> float:
     prefetch then due at c, its trigger moved to c - 1 if it was later)."""
     _, pair = state.residency_at(src, c)
     ev = state.evictions[src][pair]
-    link = state.h2d
+    link = state.queue[(ev.tier, IN)]
     i = bisect_left(link.keys, ev.in_key)
     old = link.copies[i]
     trigger = min(ev.trigger, c - 1)
@@ -576,15 +721,14 @@ def _recompute_fits(state: _State, tid: str, c: int, chain: dict, reads: list[st
 
 
 def _take_swap(state: _State, tid: str, e: int, c: int, option: _SwapOption) -> None:
-    ev = _Eviction(tid, e, c, SWAP, option.free_from, option.trigger, option.trigger, option.reuse_copy)
+    ev = _Eviction(tid, e, c, SWAP, option.free_from, option.trigger, option.trigger, option.reuse_copy,
+                   option.tier)
     starts = state.starts
     if not option.reuse_copy:
         ev.out_key = (e, 1, state.next_seq())
-        state.d2h.add(_Copy(ev.out_key, starts[e + 1], state.swap_us(tid, state.out_speed),
-                            starts[option.free_from]))
-        if tid not in state.on_host:
-            state.on_host.add(tid)
-            state.host_free -= state.tensors[tid].bytes
+        state.add_copy(ev.tier, OUT, _Copy(ev.out_key, starts[e + 1], state.swap_us(tid, state.speed[(ev.tier, OUT)]),
+                                           starts[option.free_from]), state.tensors[tid].bytes)
+        state.hold(ev.tier, tid, e)
     ev.out_end_us = option.out_end_us
     _queue_prefetch(state, ev)
     state.add_eviction(ev)
@@ -593,11 +737,12 @@ def _take_swap(state: _State, tid: str, e: int, c: int, option: _SwapOption) -> 
 
 
 def _queue_prefetch(state: _State, ev: _Eviction) -> None:
-    """Put the eviction's prefetch in the h2d queue (issued after its trigger, and not
+    """Put the eviction's prefetch in its tier's queue (issued after its trigger, and not
     before its source copy is written), due at its back-access."""
     ev.in_key = (ev.trigger, 2, state.next_seq())
     issued = max(state.starts[ev.trigger + 1], ev.out_end_us)
-    state.h2d.add(_Copy(ev.in_key, issued, state.swap_us(ev.tensor, state.in_speed), state.starts[ev.before]))
+    state.add_copy(ev.tier, IN, _Copy(ev.in_key, issued, state.swap_us(ev.tensor, state.speed[(ev.tier, IN)]),
+                                      state.starts[ev.before]), state.tensors[ev.tensor].bytes)
 
 
 def _take_recompute(state: _State, tid: str, e: int, c: int, option: _RecomputeOption) -> None:
@@ -633,7 +778,7 @@ def _retarget_swap(state: _State, src: str, pair: tuple[int, int], c: int) -> No
     before c (the trigger moves to c - 1 if it was later) and is waited for by op c; the
     tensor then stays resident from c to b."""
     ev = state.evictions[src].pop(pair)
-    state.h2d.remove(ev.in_key)
+    state.remove_copy(ev.tier, IN, ev.in_key)
     ev.before = c
     if ev.trigger >= c:
         ev.trigger = ev.free_to = c - 1
@@ -753,12 +898,12 @@ def _actions(state: _State) -> list[Action]:
             if ev.method == RECOMPUTE or ev.reuse_copy:
                 steps.append(Step(ev.after, DROP, ev.before, (ev.before, tid), drop(tid, e_id)))
             else:
-                steps.append(Step(ev.after, OFFLOAD, ev.before, ev.out_key[2], offload(tid, e_id, "host")))
+                steps.append(Step(ev.after, OFFLOAD, ev.before, ev.out_key[2], offload(tid, e_id, ev.tier)))
             if ev.method == RECOMPUTE:
                 redo.append(((ev.before, producer[tid], tid), recompute(tid, c_id)))
             else:
                 steps.append(Step(ev.trigger, PREFETCH, ev.before, ev.in_key[2],
-                                  prefetch(tid, ops[ev.trigger].id, c_id, "host")))
+                                  prefetch(tid, ops[ev.trigger].id, c_id, ev.tier)))
     redo.sort(key=lambda x: x[0])
     return issue_order(steps, fifo=True) + [a for _, a in redo]
 
@@ -792,7 +937,7 @@ def _move_triggers(state: _State, result, step: float) -> int:
                     break
             if p == ev.trigger:
                 continue
-            state.h2d.remove(ev.in_key)
+            state.remove_copy(ev.tier, IN, ev.in_key)
             ev.trigger = ev.free_to = p
             _queue_prefetch(state, ev)
             state.refresh(tid)
@@ -828,11 +973,50 @@ def _feedback(state: _State, rounds: int, step: float) -> tuple[list[Action], ob
     return list(best_actions), best, notes
 
 
+def _ssd_tensors(sim, budget_bytes, swap: bool, recompute: bool, swap_weight: float) -> frozenset:
+    """The tensors whose swaps should go to the SSD: plan as if host memory were
+    unbounded, then, while its swaps' copies would overflow host memory at some op, move
+    the swapped tensor with the longest free time among those holding host space there
+    to the SSD."""
+    state = _State(sim, budget_bytes, swap, recompute, swap_weight, False, None,
+                   host_bytes=sum(t.bytes for t in sim.profile.tensors))
+    if state.estimate.any_over():
+        _swap_phase(state)
+        _hybrid_phase(state)
+    capacity = sim.hardware.host.memory_bytes
+    use = state.tier_use[HOST].copy()
+    spans: dict[str, tuple[float, int, int]] = {}
+    for tid, evs in state.evictions.items():
+        for (e, c), ev in evs.items():
+            if ev.method == SWAP and not ev.reuse_copy:
+                ft = _free_time(state, tid, e, c)
+                if tid not in spans or ft > spans[tid][0]:
+                    spans[tid] = (ft, state.held[HOST][tid], state.accesses[tid][-1] + 1)
+    order = sorted(spans, key=lambda t: (-spans[t][0], -state.tensors[t].bytes, t))
+    chosen = []
+    while len(use) and int(use.max()) > capacity:
+        worst = int(np.argmax(use))
+        pick = next((t for t in order if t not in chosen and spans[t][1] <= worst < spans[t][2]), None)
+        if pick is None:
+            break
+        chosen.append(pick)
+        use[spans[pick][1]:spans[pick][2]] -= state.tensors[pick].bytes
+    return frozenset(chosen)
+
+
 def _plan(sim, budget_bytes, swap: bool, recompute: bool, swap_weight: float,
-          feedback_rounds: int, feedback_step: float) -> tuple[Draft, object, int]:
+          feedback_rounds: int, feedback_step: float, spill: bool = False) -> tuple[Draft, object, int]:
     """One Capuchin plan: phases 1 and 2, then feedback. Returns the draft, its simulated
     result (None without actions) and how many of its phase-2 choices were unsure."""
-    state = _State(sim, budget_bytes, swap, recompute, swap_weight)
+    return _plan_tiers(sim, budget_bytes, swap, recompute, swap_weight, feedback_rounds, feedback_step, spill)[:3]
+
+
+def _plan_tiers(sim, budget_bytes, swap: bool, recompute: bool, swap_weight: float,
+                feedback_rounds: int, feedback_step: float, spill: bool) -> tuple[Draft, object, int, bool]:
+    """``_plan``, and whether a swap was refused for want of host memory (``spill``: with
+    the SSD tier)."""
+    ssd_first = _ssd_tensors(sim, budget_bytes, swap, recompute, swap_weight) if spill else None
+    state = _State(sim, budget_bytes, swap, recompute, swap_weight, spill, ssd_first)
     if state.estimate.any_over():
         _swap_phase(state)
         _hybrid_phase(state)
@@ -840,24 +1024,47 @@ def _plan(sim, budget_bytes, swap: bool, recompute: bool, swap_weight: float,
     unsure = sum(1 for tid, e, c in state.unsure_pairs if (e, c) in state.evictions.get(tid, {}))
     notes = {"swaps": methods.count(SWAP), "recomputes": methods.count(RECOMPUTE), "unsure_choices": unsure,
              "estimate_over_budget_ops": int(state.estimate.over().sum())}
+    if SSD in state.tiers:
+        notes["ssd_swaps"] = sum(1 for evs in state.evictions.values() for ev in evs.values()
+                                 if ev.method == SWAP and ev.tier == SSD)
     if not state.evictions:
-        return Draft(notes=notes), None, unsure
+        return Draft(notes=notes), None, unsure, state.host_short
     actions, result, feedback = _feedback(state, feedback_rounds, feedback_step)
     notes.update(feedback)
-    return Draft(actions=actions, notes=notes), result, unsure
+    return Draft(actions=actions, notes=notes), result, unsure, state.host_short
+
+
+def _judged_plan(sim, budget_bytes, swap: bool, recompute: bool, feedback_rounds: int, feedback_step: float,
+                 spill: bool) -> tuple[Draft, object, bool]:
+    """Step 7: a plan, and where its estimate was unsure a swap-leaning one, the faster of
+    the two by simulation. Returns the draft, its result and whether host memory was short."""
+    draft, result, unsure, short = _plan_tiers(sim, budget_bytes, swap, recompute, 1.0,
+                                               feedback_rounds, feedback_step, spill)
+    if unsure and swap and recompute:
+        # the stall estimate was unsure between a swap and a recompute: plan again leaning
+        # to swaps, and let the simulator judge
+        other, other_result, _ = _plan(sim, budget_bytes, swap, recompute, 1.0 / UNSURE,
+                                       feedback_rounds, feedback_step, spill)
+        chosen = other is not None and other_result is not None and (result is None or _better(other_result, result))
+        if chosen:
+            draft, result = other, other_result
+        draft.notes["judged_by_simulation"] = "swap-leaning replan" if chosen else "first plan"
+    return draft, result, short
 
 
 @register(
     "capuchin",
     "Capuchin: per tensor, swap where the copy hides in its idle time, else the cheaper of "
     "a swap stall and a recompute (ranked by memory saved per second); prefetch triggers "
-    "moved earlier by simulated feedback.",
+    "moved earlier by simulated feedback; swaps spill to the SSD when host memory is full.",
     params=(
         Param("feedback_rounds", 10,
               "simulate-and-adjust rounds moving stalled prefetch triggers earlier (0: none)", low=0, high=1000),
         Param("feedback_step", 0.05,
               "least a stalled trigger moves earlier per round, as a fraction of the iteration", low=0.0, high=1.0),
         Param("recompute", True, "allow recomputation (drop + recompute) as well as swapping"),
+        Param("ssd", True, "when host memory runs out, let swaps go to the SSD as well (machines with one; "
+                           "a departure from the paper)"),
         Param("swap", True, "allow swapping to host memory"),
     ),
     moves_persistent=False,
@@ -865,16 +1072,16 @@ def _plan(sim, budget_bytes, swap: bool, recompute: bool, swap_weight: float,
     paper="Peng et al., Capuchin: Tensor-based GPU Memory Management for Deep Learning, ASPLOS 2020",
 )
 def plan_capuchin(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, feedback_rounds=10, feedback_step=0.05,
-                  recompute=True, swap=True):
+                  recompute=True, ssd=True, swap=True):
     sim = simulator_for(profile, hardware, options)
-    draft, result, unsure = _plan(sim, budget_bytes, swap, recompute, 1.0,
-                                  feedback_rounds, feedback_step)
-    if unsure and swap and recompute:
-        # the stall estimate was unsure between a swap and a recompute: plan again leaning
-        # to swaps, and let the simulator judge
-        other, other_result, _ = _plan(sim, budget_bytes, swap, recompute, 1.0 / UNSURE,
-                                       feedback_rounds, feedback_step)
-        chosen = other if other_result is not None and _better(other_result, result) else draft
-        chosen.notes["judged_by_simulation"] = "swap-leaning replan" if chosen is other else "first plan"
-        draft = chosen
+    draft, result, short = _judged_plan(sim, budget_bytes, swap, recompute, feedback_rounds, feedback_step, False)
+    if short and ssd and swap and hardware.ssd is not None:
+        # host memory was short: plan again with the SSD tier, and let the simulator judge
+        spilled, spilled_result, _ = _judged_plan(sim, budget_bytes, swap, recompute, feedback_rounds,
+                                                   feedback_step, True)
+        if spilled_result is not None and (result is None or _better(spilled_result, result)):
+            spilled.notes["ssd_tier"] = "host memory short: the plan with SSD spills is faster"
+            draft = spilled
+        else:
+            draft.notes["ssd_tier"] = "host memory short: the host-only plan is kept (the SSD plan is not faster)"
     return draft
