@@ -81,13 +81,7 @@ is listed under departures.
    the SSD ends. The stall estimate (phase 2's swap overhead, weighed against recompute
    time by MSPS) counts both queues. A tensor whose copy is still valid reuses it in its
    tier (a drop, then a prefetch from that tier).
-   On G10's machine (a100-40gb-g10, 128 GiB host, 3.2 GB/s SSD; budget 40 GiB), where
-   capuchin's host-only plans did not run: ResNet-152 b1280 with G10's kernel times
-   1.001x the ideal (bound 1.000x; g10 1.105x), SENet-154 b1024 with G10's kernel times
-   1.257x (bound 1.034x; g10 1.43x), SENet-154 with roofline kernel times 10.2x (bound
-   1.515x; g10 6.75x: PCIe and the SSD cannot drain the forward pass, and batch-norm
-   outputs cannot be recomputed). ResNet-152 with roofline times never runs out of host
-   memory here (2.54x, unchanged; bound 1.447x; g10 8.5x).
+   What it gives on G10's machine: docs/planners.md ("SSD spills"), benchmarks/ssd_spills.py.
 
 Departures from the paper, and why:
 
@@ -125,11 +119,9 @@ Departures from the paper, and why:
   largest producer workspace, just before ``c``) is checked against the estimate of
   what is resident entering ``c``; it is an approximation, as is the estimate itself
   (whole ops, ideal times).
-- The SSD tier (step 8): Capuchin swaps to host memory only and assumes it is large
-  enough. Here, when the machine has an SSD and host memory runs out, swaps spill to the
-  SSD (``ssd=false``: host memory only, as the paper). Host capacity is counted per op
-  (R19) rather than assumed. Weights and optimizer state never move
-  (``moves_persistent=False``).
+- The SSD tier (step 8): Capuchin swaps to host memory only, assumed large enough; here
+  swaps spill to the SSD when host memory (counted per op, R19) runs out (``ssd=false``:
+  host memory only). Weights and optimizer state never move (``moves_persistent=False``).
 - The feedback step: the paper moves the in-trigger earlier when a tensor is still being
   swapped in at its back-access; the amount here is ``max(stall, feedback_step x
   iteration)``, bounded as in step 6.
@@ -145,9 +137,9 @@ import numpy as np
 
 from simulator.compile.compiled import link_speed, transfer_links
 from simulator.plan import Action, drop, offload, prefetch, recompute
-from simulator.profile import Profile
 
 from ..core.analysis import op_start_us, touches
+from ..core.copy_queue import Copy, CopyQueue, queue_stall
 from ..core.api import score, simulator_for
 from ..core.lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from ..core.estimate import MemoryEstimate
@@ -160,87 +152,6 @@ _SPILL_ORDER = (SSD, HOST)   # with the SSD tier and no preselection: try the SS
 _MAX_CHAIN = 32          # recursion guard for recompute chains (sources strictly earlier)
 _REBUILDS = 3            # phase 2 restarts when the estimate rose after a choice
 UNSURE = 2.0            # a swap and a recompute whose estimated costs are within this factor: unsure
-
-
-# ----------------------------------------------------------------------------- links
-
-
-@dataclass
-class _Copy:
-    key: tuple            # FIFO order: (op position it is issued after, kind, order taken)
-    enqueue_us: float
-    duration_us: float
-    deadline_us: float    # prefetch: start of its back-access; offload: start of the first freed op
-
-
-class _Link:
-    """A FIFO copy queue on the ideal timeline (R1, R17): copies start in the order they
-    are issued, each when it is issued and the one before it has ended.
-
-    Its ``stall`` estimates the compute time lost to late copies (a late prefetch stalls
-    its back-access, a late offload the op that needs its memory): within a busy period
-    (copies back to back) the compute stream, once delayed, gives the later copies that
-    much more time, so a period costs its largest lateness; periods add up.
-    """
-
-    def __init__(self) -> None:
-        self.copies: list[_Copy] = []
-        self.keys: list[tuple] = []
-        self.ends: list[float] = []
-        self.stall = 0.0
-
-    def _update(self) -> None:
-        self.ends = []
-        self.stall = _queue_stall(self.copies, self.ends)
-
-    def end_if_added(self, key: tuple, enqueue_us: float, duration_us: float) -> float:
-        """When a copy issued at ``key`` would end (copies after it are not counted)."""
-        i = bisect_left(self.keys, key)
-        before = self.ends[i - 1] if i > 0 else -math.inf
-        return max(enqueue_us, before) + duration_us
-
-    def extra_stall(self, copy: _Copy) -> float:
-        """How much ``stall`` would grow with the copy added."""
-        i = bisect_left(self.keys, copy.key)
-        return _queue_stall(self.copies[:i] + [copy] + self.copies[i:], None) - self.stall
-
-    def with_copy(self, copy: _Copy) -> "_Link":
-        """A new queue: this one with the copy added."""
-        link = _Link()
-        i = bisect_left(self.keys, copy.key)
-        link.copies = self.copies[:i] + [copy] + self.copies[i:]
-        link.keys = self.keys[:i] + [copy.key] + self.keys[i:]
-        link._update()
-        return link
-
-    def add(self, copy: _Copy) -> None:
-        i = bisect_left(self.keys, copy.key)
-        self.keys.insert(i, copy.key)
-        self.copies.insert(i, copy)
-        self._update()
-
-    def remove(self, key: tuple) -> None:
-        i = bisect_left(self.keys, key)
-        assert self.keys[i] == key
-        del self.keys[i]
-        del self.copies[i]
-        self._update()
-
-
-def _queue_stall(copies: list[_Copy], ends: list[float] | None) -> float:
-    """The stall estimate of a FIFO queue (see ``_Link``); fills ``ends`` if given."""
-    total = period = 0.0
-    end = -math.inf
-    for copy in copies:
-        if copy.enqueue_us > end:       # idle before it: a new busy period
-            total += period
-            period = 0.0
-            end = copy.enqueue_us
-        end += copy.duration_us
-        if ends is not None:
-            ends.append(end)
-        period = max(period, end - copy.deadline_us)
-    return total + period
 
 
 # ----------------------------------------------------------------------------- state
@@ -311,8 +222,8 @@ class _State:
             self.intervals[tensor.id] = [profile.lifetime(tensor.id)]
         self.evictions: dict[str, dict[tuple[int, int], _Eviction]] = {}
         half = hardware.pcie.duplex == "half"
-        self.d2h = _Link()
-        self.h2d = self.d2h if half else _Link()
+        self.d2h = CopyQueue()
+        self.h2d = self.d2h if half else CopyQueue()
         self.out_speed = link_speed(hardware, "offload", "host")
         self.in_speed = link_speed(hardware, "prefetch", "host")
         # the tiers a swap may use, in the order phase 1 tries them (the SSD first: see _swap_option)
@@ -330,7 +241,7 @@ class _State:
                 if engine:      # half duplex through host memory: it holds the one copy engine
                     self.queue[(SSD, way)] = self.d2h
                 else:           # its own stream, sharing the PCIe link with host copies (R17, R18)
-                    self.queue[(SSD, way)] = _Link()
+                    self.queue[(SSD, way)] = CopyQueue()
                     self.pcie_share[(SSD, way)] = min(rate for name, rate in links if name.startswith("pcie"))
         # R19: bytes each tier holds per op, and from which op a tensor's copy holds space
         self.tier_use = {tier: np.zeros(self.n, dtype=np.int64) for tier in self.tiers}
@@ -417,7 +328,7 @@ class _State:
             self.tier_use[tier][lo:hi] += self.tensors[tid].bytes
             self.held[tier][tid] = lo
 
-    def pcie_part(self, tier: str, way: str, copy: _Copy, nbytes: int) -> _Copy | None:
+    def pcie_part(self, tier: str, way: str, copy: Copy, nbytes: int) -> Copy | None:
         """An SSD copy on its own stream also crosses PCIe (R17, R18): its share of that
         link, as a copy of its bytes at the PCIe rate on the host queue, from when it is
         estimated to start on its own stream, due never (it only delays host copies)."""
@@ -425,9 +336,9 @@ class _State:
         if share is None:
             return None
         start = self.queue[(tier, way)].end_if_added(copy.key, copy.enqueue_us, copy.duration_us) - copy.duration_us
-        return _Copy(copy.key, start, nbytes / share, math.inf)
+        return Copy(copy.key, start, nbytes / share, math.inf)
 
-    def add_copy(self, tier: str, way: str, copy: _Copy, nbytes: int) -> None:
+    def add_copy(self, tier: str, way: str, copy: Copy, nbytes: int) -> None:
         part = self.pcie_part(tier, way, copy, nbytes)
         self.queue[(tier, way)].add(copy)
         if part is not None:
@@ -550,7 +461,7 @@ def _tier_option(state: _State, tid: str, e: int, c: int, tier: str, reuse: bool
             return None
         free_from = int(over[0])
     stall_out = 0.0
-    out_copy = _Copy(out_key, starts[e + 1], out_us, starts[free_from])
+    out_copy = Copy(out_key, starts[e + 1], out_us, starts[free_from])
     out_part = None
     if not reuse:
         stall_out = out_link.extra_stall(out_copy)
@@ -576,7 +487,7 @@ def _tier_option(state: _State, tid: str, e: int, c: int, tier: str, reuse: bool
     if hidden_only and (hidden is None or hidden < last_over):
         return None
     trigger = max(hidden if hidden is not None else free_from, last_over)
-    prefetch_copy = _Copy((trigger, 2, state.seq), issued(trigger), in_us, deadline)
+    prefetch_copy = Copy((trigger, 2, state.seq), issued(trigger), in_us, deadline)
     if in_link is out_link and not reuse:   # half duplex: one queue holds both copies
         stall_in = out_link.with_copy(out_copy).extra_stall(prefetch_copy)
     else:
@@ -693,10 +604,10 @@ def _earlier_prefetch_stall(state: _State, src: str, c: int) -> float:
     old = link.copies[i]
     trigger = min(ev.trigger, c - 1)
     key = old.key if trigger == ev.trigger else (trigger, 2, state.seq)
-    moved = _Copy(key, max(state.starts[trigger + 1], ev.out_end_us), old.duration_us, state.starts[c])
+    moved = Copy(key, max(state.starts[trigger + 1], ev.out_end_us), old.duration_us, state.starts[c])
     rest = link.copies[:i] + link.copies[i + 1:]
     j = bisect_left([copy.key for copy in rest], key)
-    return _queue_stall(rest[:j] + [moved] + rest[j:], None) - link.stall
+    return queue_stall(rest[:j] + [moved] + rest[j:], None) - link.stall
 
 
 def _recompute_fits(state: _State, tid: str, c: int, chain: dict, reads: list[str]) -> bool:
@@ -726,7 +637,7 @@ def _take_swap(state: _State, tid: str, e: int, c: int, option: _SwapOption) -> 
     starts = state.starts
     if not option.reuse_copy:
         ev.out_key = (e, 1, state.next_seq())
-        state.add_copy(ev.tier, OUT, _Copy(ev.out_key, starts[e + 1], state.swap_us(tid, state.speed[(ev.tier, OUT)]),
+        state.add_copy(ev.tier, OUT, Copy(ev.out_key, starts[e + 1], state.swap_us(tid, state.speed[(ev.tier, OUT)]),
                                            starts[option.free_from]), state.tensors[tid].bytes)
         state.hold(ev.tier, tid, e)
     ev.out_end_us = option.out_end_us
@@ -741,7 +652,7 @@ def _queue_prefetch(state: _State, ev: _Eviction) -> None:
     before its source copy is written), due at its back-access."""
     ev.in_key = (ev.trigger, 2, state.next_seq())
     issued = max(state.starts[ev.trigger + 1], ev.out_end_us)
-    state.add_copy(ev.tier, IN, _Copy(ev.in_key, issued, state.swap_us(ev.tensor, state.speed[(ev.tier, IN)]),
+    state.add_copy(ev.tier, IN, Copy(ev.in_key, issued, state.swap_us(ev.tensor, state.speed[(ev.tier, IN)]),
                                       state.starts[ev.before]), state.tensors[ev.tensor].bytes)
 
 
