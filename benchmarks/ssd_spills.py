@@ -31,7 +31,7 @@ for path in (ROOT, ROOT / "benchmarks"):
 from g10_uvm import CACHE, HARDWARE, WORKLOADS, profile_for, say, scaled  # noqa: E402
 
 SPILLING = ("ResNet-152", "SENet-154")
-PLANNERS = ("g10", "capuchin", "flashneuron", "autotm", "zero-infinity")
+PLANNERS = ("g10", "capuchin", "swapadvisor", "joint", "flashneuron", "autotm", "zero-infinity")
 
 
 def rows(planners=PLANNERS, time_limit: float = 20.0, cache: Path | None = CACHE) -> list[dict]:
