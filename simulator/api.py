@@ -102,11 +102,12 @@ class Simulator:
         """A split plan's Result or Score against this profile's ideal (R54: the chunks'
         launches are overhead, as a slower variant's time is, R52)."""
         ideal = self.profile.ideal_us
-        if result.valid and ideal > 0:
-            result = replace(result, overhead=result.iteration_us / ideal - 1.0)
-            if hasattr(result, "ideal_us"):
-                result.ideal_us = ideal
-        return result
+        if not result.valid or ideal <= 0:
+            return result
+        figures = {"overhead": result.iteration_us / ideal - 1.0}
+        if isinstance(result, Result):
+            figures["ideal_us"] = ideal
+        return replace(result, **figures)
 
     def _run(self, plan: Plan, budget: int) -> Result:
         """The Result with no timeline of a plan the explicit C path does not run: a UVM
