@@ -4,7 +4,7 @@ G10 (Zhang et al., MICRO 2023, Fig. 11) reports each system's iteration time ove
 (every tensor on the GPU) on an A100 40 GB with 15.754 GB/s PCIe, 128 GiB of host memory and
 a 3.2 GB/s SSD. This script traces the same five workloads (benchmarks/g10_models.py says how
 close each is to G10's), plans each with swapplan's ``uvm``, ``deepum`` and ``g10`` planners
-on that machine (the preset a100-40gb-g10: G10 models a slower PCIe than the other A100
+on that machine (the preset a100-40gb-128gb-g10: G10 models a slower PCIe than the other A100
 presets) with the budget the whole GPU (40 GiB),
 simulates, and prints one table: swapplan's slowdowns, G10's published ones (Base UVM,
 DeepUM+, G10) and swapplan's over the published.
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-HARDWARE = ROOT / "profiles" / "hardware" / "a100-40gb-g10.yaml"
+HARDWARE = ROOT / "profiles" / "hardware" / "a100-40gb-128gb-g10.yaml"
 CACHE = ROOT / "benchmarks" / ".cache" / "g10"
 MODELS_FILE = ROOT / "benchmarks" / "g10_models.py"
 PLANNERS = ("uvm", "deepum", "g10")

@@ -3,7 +3,7 @@ G10's published figures and the lower bound.
 
 G10 (MICRO'23, Fig. 11) reports its own system at 1.02x the ideal on ResNet-152 b1280 and
 1.07x on SENet-154 b1024, on an A100 40 GB with 15.754 GB/s PCIe, 128 GiB of host memory
-and a 3.2 GB/s SSD (the preset a100-40gb-g10). Both models
+and a 3.2 GB/s SSD (the preset a100-40gb-128gb-g10). Both models
 are far larger than GPU and host memory together (213 and 346 GiB no-swap peaks), so a
 plan must send some of what leaves the GPU on to the SSD. This script plans both traced
 workloads (benchmarks/g10_uvm.py traces and caches them) with the planners that can use

@@ -48,7 +48,7 @@ def test_traces_at_batch_2(name, ops_at_least):
 
 
 def test_g10_preset():
-    hw = load_hardware("a100-40gb-g10")
+    hw = load_hardware("a100-40gb-128gb-g10")
     assert hw.gpu.memory_bytes == 40 * 2**30 and hw.host.memory_bytes == 128 * 2**30
     assert (hw.pcie.h2d_gbps, hw.pcie.d2h_gbps) == (15.754, 15.754)
     assert (hw.ssd.read_gbps, hw.ssd.write_gbps) == (3.2, 3.2)

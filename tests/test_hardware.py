@@ -5,7 +5,7 @@ import yaml
 from simulator.errors import InputError
 from simulator.hardware import hardware_from_dict, load_hardware, load_presets, preset_dir, preset_names
 
-PRESETS = ["a100-40gb-32gb-pcie4", "a100-40gb-g10", "a100-40gb-pcie4", "a100-80gb-pcie4", "h100-80gb-pcie5", "h200-141gb-1.5tb-pcie5",
+PRESETS = ["a100-40gb-128gb-g10", "a100-40gb-32gb-pcie4", "a100-40gb-pcie4", "a100-80gb-pcie4", "h100-80gb-pcie5", "h200-141gb-1.5tb-pcie5",
            "rtx4090-24gb-256gb-pcie4", "rtx4090-24gb-pcie4", "v100-16gb-pcie3", "v100-32gb-pcie3"]
 
 
@@ -13,12 +13,20 @@ def test_all_presets_ship_and_load():
     assert preset_names() == PRESETS
     for hw in load_presets():
         assert hw.gpu.memory_bytes > 0 and hw.ssd is not None
-        if hw.name == "a100-40gb-g10":   # G10's simulated machine: PCIe 3.0 x16's line rate, as G10 takes it
+        if hw.name == "a100-40gb-128gb-g10":   # G10's simulated machine: PCIe 3.0 x16's line rate, as G10 takes it
             assert (hw.pcie.h2d_gbps, hw.host.memory_bytes, hw.ssd.read_gbps) == (15.754, 128 * 2**30, 3.2)
             continue
         # effective PCIe bandwidth is below the theoretical x16 figure of its generation
         theoretical = {"pcie3": 15.75, "pcie4": 31.5, "pcie5": 63.0}[hw.name.rsplit("-", 1)[1]]
         assert hw.pcie.h2d_gbps < theoretical and hw.pcie.d2h_gbps < theoretical
+
+
+def test_a_gpu_name_finds_its_plain_preset():
+    # several presets share the A100 40 GB (with 32 GiB of host memory, G10's machine): a trace's
+    # device name finds the plain one
+    from simulator.catalog import preset_for_device
+    assert preset_for_device("NVIDIA A100-PCIE-40GB") == "a100-40gb-pcie4"
+    assert preset_for_device("NVIDIA GeForce RTX 4090") == "rtx4090-24gb-pcie4"
 
 
 def test_preset_figures_match_datasheets():

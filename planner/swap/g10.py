@@ -58,7 +58,7 @@ Departures (and why):
 - Host memory first, and the SSD only for what host memory cannot hold (the 2.5x rule
   still decides which tiers an interval may use). Sending every long interval to the
   SSD first put the forward pass's activations on a link a fifth of PCIe's speed while
-  host memory had room: on G10's machine (the preset a100-40gb-g10, with
+  host memory had room: on G10's machine (the preset a100-40gb-128gb-g10, with
   G10's measured kernel times) ResNet-152 b1280 wrote 153 GiB to the SSD with host
   memory at 99.7 of 128 GiB, and its evictions to the SSD that could not end in time
   (42 GiB) made the forward pass wait for memory: 1.105x the ideal; host first, 1.000x.
