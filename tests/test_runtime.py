@@ -21,7 +21,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from cli import app  # noqa: E402
 from planner.core.api import make_plan  # noqa: E402
-from planner.core.registry import RunOptions, planners  # noqa: E402
+from planner.core.registry import RunOptions, get_planner, planners  # noqa: E402
 from runtime import PlannedInterpreter, PlanRefused, bind, initial_values, reference_step  # noqa: E402
 from runtime.train import _differences  # noqa: E402
 from simulator.errors import InputError  # noqa: E402
@@ -162,7 +162,7 @@ def test_bind_checks_the_profile():
 
 
 def _plan(b: Bound, planner: str):
-    limit = 2.0 if planner in ILP else None
+    limit = 2.0 if planner in ILP or get_planner(planner).searches else None   # searches stop by then
     budget = int(b.profile.peak_bytes * BUDGET[b.name])
     try:
         planned = make_plan(b.profile, HW, budget, planner, {}, 0, RunOptions(seed=0, time_limit=limit, threads=1))
