@@ -15,7 +15,7 @@ chunks (smaller slices move more easily: VGG-16 b1024 at 30%, capuchin 2.01x at 
 """
 from __future__ import annotations
 
-from simulator.compile.splits import split_profile
+from simulator.compile.splits import chunk_ids, split_profile
 from simulator.profile import Profile
 
 from .analysis import budget_floor, working_set
@@ -81,12 +81,17 @@ def _group(profile: Profile, over: list[int]) -> list[int] | None:
     return sorted(group)
 
 
+def _chunk_positions(split: Profile, splits: dict[str, int]) -> list[int]:
+    """Where the chunks of the split ops stand in the split profile."""
+    index = split.op_index
+    return sorted(index[cid] for cid in chunk_ids(splits))
+
+
 def _chunk_floor(split: Profile, splits: dict[str, int], moves_persistent: bool, variants: bool) -> int:
     """The largest working set of one chunk of the split ops: what must be on the GPU while
     it runs, whatever moves between chunks."""
-    names = {f"{op_id}/{j}" for op_id, k in splits.items() for j in range(1, k + 1)}
     return max(working_set(split, i, include_persistent=moves_persistent, variants=variants)
-               for i, op in enumerate(split.ops) if op.id in names)
+               for i in _chunk_positions(split, splits))
 
 
 def _chunk_need(split: Profile, splits: dict[str, int], moves_persistent: bool) -> int:
@@ -94,8 +99,7 @@ def _chunk_need(split: Profile, splits: dict[str, int], moves_persistent: bool) 
     touches (its working set) and the slices of the same ops' tensors live around it
     (those not yet freed, those already made), which a plan would otherwise have to move
     out between one chunk and the next."""
-    names = {f"{op_id}/{j}" for op_id, k in splits.items() for j in range(1, k + 1)}
-    chunks = [i for i, op in enumerate(split.ops) if op.id in names]
+    chunks = _chunk_positions(split, splits)
     tensors = split.tensor_by_id
     touched = {t for i in chunks for op in (split.ops[i],) for t in op.inputs + op.outputs + op.updates
                if not tensors[t].persistent}

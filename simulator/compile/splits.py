@@ -5,8 +5,9 @@ An op split into k chunks becomes k ops ``<op>/1`` .. ``<op>/k`` in its place, e
 *sliced* when its producer and every op that reads or updates it are split with the same
 k, it is not 0-d (a reduction's single value) and, where shapes are known, it is cut along
 the producer's split (its batch, or its rows, those of one of the producer's inputs; a
-weight's gradient, summed over them, is not): it becomes k tensors ``<tensor>/1`` .. ``<tensor>/k`` (the bytes shared
-out, the first ones a byte larger when k does not divide them), chunk j making and
+weight's gradient, summed over them, is not): it becomes k tensors ``<tensor>/1`` ..
+``<tensor>/k`` (the bytes shared out, the first ones a byte larger when k does not divide
+them), chunk j making and
 reading slice j, so a slice is allocated when its chunk of the producer starts and freed
 after its chunk of the last reader, as any tensor is (R6, R7). Every other tensor of a
 split op is whole: an output is made by the first chunk and updated by the others (an
@@ -22,6 +23,11 @@ from ..profile import Op, Profile, Tensor
 
 SEPARATOR = "/"
 _STATE = ("weight", "optimizer_state")   # what a split op reads whole: not the data it is split along
+
+
+def chunk_ids(splits: dict) -> set[str]:
+    """The ids of every chunk op the splits make (``<op>/1`` .. ``<op>/k``)."""
+    return {f"{op_id}{SEPARATOR}{j}" for op_id, k in splits.items() for j in range(1, k + 1)}
 
 
 def check_splits(profile: Profile, splits: dict, file: str = "<plan>") -> None:
