@@ -343,14 +343,16 @@ def _with_recompute(ratio: np.ndarray, size: np.ndarray, before_us: float, rest_
     on = (meet >= ends[1:]) & (meet <= ends[:-1])
     meet_cost = head_time + (excess - meet - head_bytes) * ratio
     # the ends of the range and where the copies out stop limiting p's start, on whichever piece
+    def cost_at(swapped: np.ndarray) -> np.ndarray:
+        """The recompute time of the rest at these S, on whichever piece each falls."""
+        if not m:
+            return np.zeros_like(swapped)   # nothing recomputable: S = excess is the only way
+        redo = np.minimum(excess - swapped, cum_bytes[-1])
+        i = np.minimum(np.maximum(cum_bytes.searchsorted(redo, side="left"), 1), m)
+        return cum_time[i - 1] + (redo - cum_bytes[i - 1]) * ratio[i - 1]
+
     fixed = np.array((0.0, least, float(excess), (before_us - out_lag) * up))
-    redo = np.minimum(excess - fixed, cum_bytes[-1])
-    if m:
-        i = cum_bytes.searchsorted(redo, side="left")
-        i = np.minimum(np.maximum(i, 1), m)
-        fixed_cost = cum_time[i - 1] + (redo - cum_bytes[i - 1]) * ratio[i - 1]
-    else:
-        fixed_cost = np.zeros(4)   # nothing recomputable: S = excess is the only way
+    fixed_cost = cost_at(fixed)
     points = np.concatenate((ends, meet[on], fixed))
     recompute_us = np.concatenate((cum_time, meet_cost[on], fixed_cost))
     if excess > spill.host:   # bytes past host memory cross the SSD route too: its kinks and meets
@@ -358,12 +360,7 @@ def _with_recompute(ratio: np.ndarray, size: np.ndarray, before_us: float, rest_
         turns = np.array((host, (before_us - spill.out_latency) * w + host,
                           _cross(out_lag, up, spill.out_latency - host / w, w),
                           _cross(back_lag, down, spill.back_latency - host / r, r)))
-        redo = np.minimum(excess - turns, cum_bytes[-1])
-        if m:
-            i = np.minimum(np.maximum(cum_bytes.searchsorted(redo, side="left"), 1), m)
-            turn_cost = cum_time[i - 1] + (redo - cum_bytes[i - 1]) * ratio[i - 1]
-        else:
-            turn_cost = np.zeros(4)
+        turn_cost = cost_at(turns)
         meet_ssd = ((rest_us + head_time + (excess - head_bytes) * ratio - spill.back_latency + host / r)
                     / (ratio + 1.0 / r))
         on_ssd = (meet_ssd >= ends[1:]) & (meet_ssd <= ends[:-1])
