@@ -89,19 +89,21 @@ def hard_limit_s(time_limit: float | None) -> float:
 
 @contextmanager
 def _deadline(seconds: float):
-    """Raise CellTimeout in this thread after ``seconds`` (main thread only: a Dask
+    """Raise CellTimeout in this thread after ``seconds``, and again every 0.25 s until
+    the block ends, so that one swallowed where Python drops exceptions (a finaliser, a
+    generator being closed) does not let the cell run on (main thread only: a Dask
     worker's thread runs on, bounded by the planner's own time limit)."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield False
         return
 
     def expire(signum, frame):
         raise CellTimeout()
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 0.25)
     try:
-        yield
+        yield True
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -153,12 +155,14 @@ def run_cell(cell: Cell) -> tuple[dict, str | None]:
     row = empty_row(cell)
     started = time.perf_counter()
     try:
-        with _deadline(hard_limit_s(cell.time_limit)):
+        with _deadline(hard_limit_s(cell.time_limit)) as armed:
             profile, hardware = _profile(cell.profile, cell.profile_sha256), _hardware(cell.hardware)
             row["ideal_us"] = profile.ideal_us
             options = RunOptions(seed=cell.seed, time_limit=cell.time_limit)
             planned = make_plan(profile, hardware, cell.budget_bytes, cell.planner, dict(cell.params),
                                 cell.seed, options)
+            if armed and time.perf_counter() - started > hard_limit_s(cell.time_limit):
+                raise CellTimeout()   # past the hard limit, whatever swallowed the alarm
     except InfeasibleError as exc:
         row.update(status=BELOW_FLOOR, error=str(exc))
         return row, None

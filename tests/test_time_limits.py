@@ -57,3 +57,37 @@ def test_the_cells_timeout_is_not_an_exception_a_planner_can_catch():
         pytest.fail("a planner's `except Exception` swallowed the cell's timeout")
     except CellTimeout:
         pass
+
+
+def _swallower(swallow: int, run_s: float):
+    """A planner in which the first ``swallow`` alarms are lost (as an exception raised in
+    a finaliser or a closing generator is), running ``run_s`` at most."""
+    def plan(profile, hardware, budget, *, options):
+        from planner.core.registry import Draft
+        lost, end = 0, time.perf_counter() + run_s
+        while time.perf_counter() < end:
+            try:
+                time.sleep(0.01)
+            except CellTimeout:
+                lost += 1
+                if lost > swallow:
+                    raise
+        return Draft()
+    return plan
+
+
+def test_a_lost_alarm_is_raised_again(monkeypatch):
+    # the first alarm is swallowed: the next one (0.25 s later) still ends the cell
+    monkeypatch.setitem(REGISTRY, "swallower", PlannerSpec("swallower", _swallower(1, 5.0), "test planner"))
+    cell = expand_cells([PROFILE], ["a100-40gb-pcie4"], ["swallower"], ["50%"], time_limit=LIMIT)[0]
+    row, plan_text = run_cell(cell)
+    assert row["status"] == TIMEOUT and plan_text is None
+    assert hard_limit_s(LIMIT) + 0.2 <= row["planning_seconds"] <= hard_limit_s(LIMIT) + 0.5
+
+
+def test_a_plan_returned_past_the_hard_limit_is_a_timeout(monkeypatch):
+    # every alarm swallowed, the plan comes back late: recorded as a timeout, not "ok" (a CI run once was)
+    monkeypatch.setitem(REGISTRY, "swallower", PlannerSpec("swallower", _swallower(10**6, 2.0), "test planner"))
+    cell = expand_cells([PROFILE], ["a100-40gb-pcie4"], ["swallower"], ["50%"], time_limit=LIMIT)[0]
+    row, plan_text = run_cell(cell)
+    assert row["status"] == TIMEOUT and plan_text is None and row["planning_seconds"] >= 2.0
