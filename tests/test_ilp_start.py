@@ -98,9 +98,12 @@ def test_the_heuristic_is_returned_when_strictly_faster(monkeypatch):
 
     real = planners.score
 
-    def biased(sim, budget, actions, initial=None, **kw):   # the heuristic's plan (scored with its
-        result = real(sim, budget, actions, initial, **kw)   # initial placements) 1 us faster
-        if initial is not None and result.ok:
+    calls = []
+
+    def biased(sim, budget, actions, initial=None, **kw):   # the heuristic's plan (the first one
+        calls.append(1)                                      # scored) 1 us faster
+        result = real(sim, budget, actions, initial, **kw)
+        if len(calls) == 1 and result.ok:
             result.iteration_us -= 1.0
         return result
 
@@ -127,3 +130,62 @@ def test_reach_positions_are_ops_over_the_budget_and_the_model_still_finds_the_o
     sim = simulator_for(profile, hw)
     x = best_start(reach, sim, BUDGET, Draft(actions=_hand_plan()), 10, 1, {})
     assert x is not None and _feasible(reach, x)
+
+
+# s (60 B, a weight) is touched once, by the update u near the end; a (100 B) is read by every op
+# in between and cannot move. Over the budget of 163 at m0..m3 (164 B): only s starting the
+# iteration in host memory, fetched before u and written back after it, frees memory there.
+WRAP_TENSORS = {"a": (100, "activation"), "s": (60, "weight"), "ga": (1, "gradient"), "z": (1, "activation")}
+WRAP_OPS = [("f1", "forward", 10.0, [], ["a"])]
+for _k in range(4):
+    WRAP_TENSORS[f"c{_k}"] = (2, "activation")
+    WRAP_OPS.append((f"m{_k}", "forward", 10.0, ["a"] + ([f"c{_k - 1}"] if _k else []), [f"c{_k}"]))
+WRAP_OPS += [("g1", "backward", 10.0, ["a", "c3"], ["ga"]), ("u", "optimizer", 10.0, ["ga"], [], ["s"]),
+             ("y", "optimizer", 10.0, [], ["z"])]
+
+
+def test_a_weight_may_start_the_iteration_in_host_memory():
+    from planner.search.ilp.intervals import wrap_candidates
+    from tests.conftest import make_profile
+    profile, hw = make_profile(WRAP_TENSORS, WRAP_OPS, "ilp-wrap"), machine(h2d=0.01, d2h=0.01)
+    (c,) = wrap_candidates(profile, hw, BUDGET, window=8)
+    # fetched after one of f1..m3 (back on the GPU from the next op), written back after u (position 6)
+    assert (c.tensor, c.after, c.before, c.wraps, c.fetch) == ("s", 6, 6, True, (0, 1, 2, 3, 4))
+    assert list(c.span) == [0, 1, 2, 3, 4]
+    planned = make_plan(profile, hw, BUDGET, "autotm", {}, options=RunOptions(time_limit=10, threads=1))
+    notes = planned.plan.planner.notes
+    assert "fallback" not in notes and notes["start_in_host"] == 1
+    assert planned.plan.initial == {"s": "host"}
+    # its 6 us prefetch runs under g1, its 6 us write-back under y: no overhead
+    assert planned.result.ok and planned.result.iteration_us == pytest.approx(profile.ideal_us)
+    kinds = [(a.kind, a.tensor, a.after) for a in planned.plan.actions]
+    assert kinds == [("prefetch", "s", "m3"), ("offload", "s", "u")]
+    off = make_plan(profile, hw, BUDGET, "autotm", {"initial": False}, options=RunOptions(time_limit=10, threads=1))
+    assert "fallback" in off.plan.planner.notes   # without it no interval in the model relieves m0..m3
+
+
+def test_ssd_moves_are_left_out_when_host_memory_holds_every_candidate():
+    from planner.search.ilp.intervals import slower_tiers_dominated
+    profile = tiny()
+    fast_ssd = dict(h2d=0.01, d2h=0.01, ssd_read=0.01, ssd_write=0.01)   # as fast as PCIe, and behind it
+    roomy, small = machine(**fast_ssd), machine(**fast_ssd, host="100B")
+    both = candidates(profile, roomy, BUDGET, 8, ("host", "ssd"))
+    assert {c.tier for c in both} == {"host", "ssd"}
+    assert slower_tiers_dominated(roomy, both)
+    assert not slower_tiers_dominated(small, candidates(profile, small, BUDGET, 8, ("host", "ssd")))
+    planned = make_plan(profile, roomy, BUDGET, "autotm", {}, options=RunOptions(time_limit=10, threads=1))
+    assert planned.plan.planner.notes["tiers"] == ["host"]
+
+
+def test_far_positions_reach_the_ops_over_the_budget_past_the_window():
+    from planner.search.ilp.intervals import early_fetches, late_releases, log_spaced
+    assert log_spaced(10, 3) == [0, 1, 3] and log_spaced(3, 5) == [0, 1, 2] and log_spaced(0, 3) == []
+    over = [20, 21, 22, 23, 24, 30, 40]
+    # releases past a window ending at op 12, before the first fetch position 35: over ops 20, 21, 23
+    assert late_releases(12, over, (35, 36), 3) == (20, 21, 23)
+    # fetches before a window starting at 38, from op 21 on: counting back from 30: 30, 24, 22
+    assert early_fetches(21, over, (38, 39), 3) == (22, 24, 30)
+    profile, hw = tiny(), machine(h2d=0.01, d2h=0.01)
+    for c in candidates(profile, hw, BUDGET, 1, ("host",), far=2):
+        assert list(c.release) == sorted(set(c.release)) and list(c.fetch) == sorted(set(c.fetch))
+        assert c.release[-1] <= c.fetch[-1]

@@ -6,6 +6,7 @@ of each copy stream queued in one of several orders (``QUEUES``). Not a planner.
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 
 import numpy as np
 
@@ -83,6 +84,23 @@ QUEUES = {
 }
 
 
+# How much earlier than the model's fetch position each prefetch may be issued in the
+# lowering (ops): the model takes memory back at the issue, the simulator when the copy
+# starts (R12), so a prefetch issued early waits for memory on its stream instead of
+# starting late; on GPT-2 at 50% 16 ops earlier simulates 1.4% faster than the model's
+# positions. The planner keeps whichever the simulator runs fastest.
+EARLIER = (0, 4, 16, 64)
+
+
+def earlier(chosen: list[Chosen], ops: int) -> list[Chosen]:
+    """The moves with each prefetch issued up to ``ops`` ops before the model's fetch
+    position, never before its release (nor, for a tensor that starts in host memory,
+    before the first op)."""
+    if not ops:
+        return chosen
+    return [replace(ch, fetch=max(0 if ch.candidate.wraps else ch.release, ch.fetch - ops)) for ch in chosen]
+
+
 def fix_by_relaxation(form: Formulation, limit: float, options: RunOptions, token: bool, notes: dict):
     """LP-guided fixing, for models too large to solve whole: solve the LP relaxation by
     IPM and keep only the candidates it moves or recomputes at all (``LP_KEEP``); the
@@ -124,7 +142,8 @@ def best_start(form: Formulation, sim, budget: int, heuristic, limit: float, thr
         plan = Plan(profile_name=sim.profile.name, profile_sha256=sim.compiled.sha256,
                     actions=tuple(heuristic.actions), initial=dict(heuristic.initial or {}))
         run = sim.simulate(plan, budget, record=True)
-        moved, redone, missing = form.choices_of_plan(heuristic.actions, run.timeline if run.ok else None)
+        moved, redone, missing = form.choices_of_plan(heuristic.actions, run.timeline if run.ok else None,
+                                                      heuristic.initial)
         x = form.priced(form.values_of(form.cover(moved, redone), redone), limit, threads)
         if x is not None:
             tried.append(("heuristic", x))

@@ -37,7 +37,7 @@ import numpy as np
 from simulator.compile.compiled import link_speed, transfer_links
 from simulator.profile import Profile
 
-from ...core.analysis import idle_gaps, op_start_us
+from ...core.analysis import idle_gaps, op_start_us, touches
 from ...core.highs import INF, Model
 
 MS = 1e-3     # the model's time unit is the millisecond (coefficients near 1); memory rows
@@ -58,6 +58,19 @@ class Candidate:
     fetch: tuple     # f: prefetch issued after op f (increasing)
     out_us: float    # the offload's stream time (latency + bytes / rate)
     in_us: float
+    wraps: bool = False   # across the iteration's end: a persistent tensor that starts the iteration in
+                          # ``tier`` (fetched before op ``before``, its first touch) and is written back
+                          # after op ``after`` (its last); off the GPU from the start, ``release`` = (n,)
+
+    def off(self, release: int, fetch: int) -> range:
+        """The ops the tensor is off the GPU for, released at ``release`` and fetched
+        after ``fetch``."""
+        return range(0 if self.wraps else release, fetch + 1)
+
+    @property
+    def span(self) -> range:
+        """The ops the tensor may be off the GPU for."""
+        return self.off(self.release[0], self.fetch[-1])
 
     @property
     def out_steps(self) -> range:
@@ -90,7 +103,7 @@ class Candidate:
 
 
 def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tuple[str, ...],
-               min_bytes: int = 1, reach: bool = False) -> list[Candidate]:
+               min_bytes: int = 1, reach: bool = False, far: int = 0) -> list[Candidate]:
     """Every idle interval, per allowed tier, that could take its tensor off the GPU
     during an op over the budget (at least 4 ops apart: one step to write it out, one
     op away, one step to read it back), of a tensor at least ``SMALL`` of the largest
@@ -113,14 +126,74 @@ def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tupl
             a, b = gap.after, gap.before
             if b - a < 4 or over[b - 1] - over[a + 2] == 0:
                 continue
-            inside = over_at[bisect_left(over_at, a + 2):bisect_right(over_at, b - 2)] if reach else None
-            release, fetch = windows(a, b, window, inside)
+            inside = over_at[bisect_left(over_at, a + 2):bisect_right(over_at, b - 2)] if reach or far else None
+            release, fetch = windows(a, b, window, inside) if reach else windows(a, b, window)
+            if far:
+                release, fetch = release + late_releases(release[-1], inside, fetch, far), \
+                    early_fetches(release[0], inside, fetch, far) + fetch
             for tier in tiers:
                 (lat_out, rate_out), (lat_in, rate_in) = speeds["offload", tier], speeds["prefetch", tier]
                 out_us, in_us = lat_out + tensor.bytes / rate_out, lat_in + tensor.bytes / rate_in
                 if tier != "host" and starts[b] - starts[a + 1] < out_us + in_us:
                     continue   # a slower tier only where its copies could hide: else host is faster
                 found.append(Candidate(tensor.id, tensor.bytes, a, b, tier, release, fetch, out_us, in_us))
+    return found
+
+
+def slower_tiers_dominated(hardware, cands: list[Candidate]) -> bool:
+    """Whether no candidate needs a tier past host memory: host memory holds every
+    candidate tensor at once (R19 counts a tensor's host copy once, from its first
+    offload until it dies), and a host copy is no slower than one to the SSD and crosses
+    no link the SSD copy does not (R17, R18: the SSD route is PCIe and the SSD). Then an
+    SSD move is never better than the same move to host, and the SSD's candidates only
+    make the model larger."""
+    host_bytes = sum({c.tensor: c.nbytes for c in cands}.values())
+    if host_bytes > hardware.host.memory_bytes:
+        return False
+    for kind in ("offload", "prefetch"):
+        host_lat, host_links, _ = transfer_links(hardware, kind, "host")
+        for tier in {c.tier for c in cands} - {"host"}:
+            lat, links, _ = transfer_links(hardware, kind, tier)
+            if host_lat > lat or min(r for _, r in host_links) < min(r for _, r in links) \
+                    or not {name for name, _ in host_links} <= {name for name, _ in links}:
+                return False
+    return True
+
+
+WRAP_SMALL = 0.1   # of SMALL: one wrap candidate per tensor costs a binary and its fetch window, no more
+                   # (on GPT-2 at 50% g10 starts 297 weights and optimizer states in host, most under SMALL)
+
+
+def wrap_candidates(profile: Profile, hardware, budget: int, window: int, far: int = 0) -> list[Candidate]:
+    """Every persistent tensor (of at least ``WRAP_SMALL`` x ``SMALL`` of the largest
+    excess over the budget) that could start the iteration in host memory, off the GPU from op 0 until
+    a prefetch before its first touch, written back after its last (R20: the copy there
+    must be valid when the iteration ends), where an op over the budget comes before its
+    first touch: AutoTM's choice of where weights live across iterations. Its fetch
+    positions are the window before the first touch (and ``far`` earlier ones, as
+    ``candidates``); the write-back runs in the steps after the last touch."""
+    resident = np.asarray(profile.resident_bytes, dtype=np.int64)
+    if resident.max() <= budget:
+        return []
+    n = len(profile.ops)
+    min_bytes = max(1, int((resident.max() - budget) * SMALL * WRAP_SMALL))
+    over_at = np.flatnonzero(resident > budget).tolist()
+    (lat_out, rate_out), (lat_in, rate_in) = (link_speed(hardware, d, "host") for d in ("offload", "prefetch"))
+    found = []
+    for tensor in profile.tensors:
+        if not tensor.persistent or tensor.bytes < min_bytes:
+            continue
+        points = touches(profile, tensor.id)
+        if not points:
+            continue
+        first, last = points[0], points[-1]
+        if first < 2 or last >= n - 1 or not over_at or over_at[0] > first - 2:
+            continue
+        fetch = tuple(range(max(0, first - 1 - window), first - 1))
+        if far:
+            fetch = early_fetches(0, over_at[:bisect_left(over_at, first - 1)], fetch, far) + fetch
+        found.append(Candidate(tensor.id, tensor.bytes, last, first, "host", (n,), fetch,
+                               lat_out + tensor.bytes / rate_out, lat_in + tensor.bytes / rate_in, wraps=True))
     return found
 
 
@@ -146,6 +219,33 @@ def windows(a: int, b: int, window: int, over: list[int] | None = None) -> tuple
     release = tuple(over[k] for k in spaced(len(over), window))
     fetch = tuple(sorted(over[len(over) - 1 - k] for k in spaced(len(over), window)))
     return release, fetch
+
+
+def late_releases(last: int, over: list[int], fetch: tuple, far: int) -> tuple:
+    """Up to ``far`` release positions past the window, at the interval's ops over the
+    budget after ``last`` and before its first fetch position, the first and the last of
+    them included and ever farther apart (``log_spaced``):
+    an offload queued behind others on the link still frees memory at the ops over the
+    budget it reaches (the simulator frees it when the copy ends, R11); within the
+    window alone the model must stretch steps to finish it."""
+    beyond = [i for i in over if last < i < fetch[0]]
+    return tuple(beyond[k] for k in log_spaced(len(beyond), far))
+
+
+def early_fetches(first: int, over: list[int], fetch: tuple, far: int) -> tuple:
+    """Up to ``far`` fetch positions before the window, at the interval's ops over the
+    budget from ``first`` on, counting back from the window ever farther apart:
+    a prefetch issued there takes memory back from the next op (as one issued at any op
+    up to the next op over the budget would), and has that much longer to run."""
+    before = [i for i in over if first <= i < fetch[0]]
+    return tuple(sorted(before[len(before) - 1 - k] for k in log_spaced(len(before), far)))
+
+
+def log_spaced(n: int, count: int) -> list[int]:
+    """Up to ``count`` indexes of 0 .. n-1, doubling: 0, 1, 3, 7, ... (n-1 at most)."""
+    if n <= 0 or count <= 0:
+        return []
+    return sorted({min(n - 1, 2 ** k - 1) for k in range(count)})
 
 
 def spaced(n: int, dense: int) -> list[int]:
@@ -276,6 +376,8 @@ class Formulation:
         """Column of Y at op i: of the last release position at or before i (the last one
         past the window), None before the window."""
         c, col = self.cands[k], self.cols[k]
+        if c.wraps:
+            return col.Y     # off the GPU since before the iteration
         at = bisect_right(c.release, i) - 1
         return None if at < 0 else col.Y + at
 
@@ -292,7 +394,8 @@ class Formulation:
             m.add_row([col.Z + k, col.Z + k - 1], [1.0, -1.0], lower=0.0)
         last_y, last_z = col.Y + len(c.release) - 1, col.Z + len(c.fetch) - 1
         m.add_row([last_y, last_z], [1.0, -1.0], 0.0, 0.0)
-        y_at = lambda i: None if i < c.release[0] else col.Y + bisect_right(c.release, i) - 1   # noqa: E731
+        y_at = lambda i: col.Y if c.wraps else None if i < c.release[0] else \
+            col.Y + bisect_right(c.release, i) - 1   # noqa: E731
         for s, f in enumerate(c.fetch):                      # fetched only after it left
             if f >= c.release[-1]:
                 break
@@ -391,7 +494,7 @@ class Formulation:
         resident = self.profile.resident_bytes
         spanning: dict[int, list[int]] = {}
         for k, c in enumerate(self.cands):
-            for i in range(c.release[0], c.fetch[-1] + 1):
+            for i in c.span:
                 if resident[i] > self.budget:
                     spanning.setdefault(i, []).append(k)
         for k, r in enumerate(self.redo):
@@ -552,7 +655,7 @@ class Formulation:
         order = sorted(range(len(self.cands)), key=lambda k: (self.cands[k].tier != "host", -self.cands[k].nbytes, k))
         for k in order:
             c, col = self.cands[k], self.cols[k]
-            span = range(c.release[0], c.fetch[-1] + 1)
+            span = c.span
             if (c.tensor, c.after) in taken or not any(need.get(i, 0) > 0 for i in span):
                 continue
             taken.add((c.tensor, c.after))
@@ -569,7 +672,7 @@ class Formulation:
         self._stretch_steps(x)
         return x
 
-    def choices_of_plan(self, actions, timeline=None) -> tuple[dict[int, tuple[int, int]], set[int], int]:
+    def choices_of_plan(self, actions, timeline=None, initial=None) -> tuple[dict[int, tuple[int, int]], set[int], int]:
         """A plan's moves and recomputes as this model's integer choices: candidate k ->
         (release, fetch) for each offload and prefetch pair whose interval and tier are a
         candidate's, and the recompute candidates a drop before and a recompute after
@@ -579,17 +682,24 @@ class Formulation:
         fetch is the last position at or before the prefetch's issue op (the first
         position when it was issued earlier; in the ``reach`` model, at or before the op
         before the one its copy started in on ``timeline``, as memory is taken then,
-        R12). Also returns how many of the plan's offloads have no candidate here (moves
-        of small tensors, intervals the model does not have, copies made before the
-        iteration: initial placements)."""
+        R12). A tensor the plan starts in host memory (``initial``) whose first prefetch
+        is due at its first touch is the wrap candidate's move (``wrap_candidates``),
+        its write-back part of it. Also returns how many of the plan's offloads have no
+        candidate here (moves of small tensors, intervals the model does not have)."""
         index = self.profile.op_index
         pos = lambda op: -1 if op is None else index[op]   # noqa: E731
         by_interval: dict[tuple, int] = {}
+        wrapping: dict[tuple[str, int, str], int] = {}
         for k, c in enumerate(self.cands):
+            if c.wraps:
+                wrapping[c.tensor, c.before, c.tier] = k
+                continue
             by_interval[c.tensor, c.after, c.before, c.tier] = k
         gaps: dict[str, list[tuple[int, int]]] = {}
         for c in self.cands:
-            gaps.setdefault(c.tensor, []).append((c.after, c.before))
+            if not c.wraps:
+                gaps.setdefault(c.tensor, []).append((c.after, c.before))
+        wrapped: set[str] = set()
         for r in self.redo:
             gaps.setdefault(r.tensor, []).append((r.after, r.before))
         ended: dict[tuple[str, int], float] = {}   # (tensor, nth offload of it) -> end time
@@ -634,6 +744,12 @@ class Formulation:
             elif act.kind == "prefetch":
                 nth = fetched.get(act.tensor, 0)
                 fetched[act.tensor] = nth + 1
+                k = wrapping.get((act.tensor, pos(act.before), (initial or {}).get(act.tensor)))
+                if act.tensor not in pending and nth == 0 and k is not None:   # in host since the start
+                    c = self.cands[k]
+                    moved[k] = (c.release[0], c.fetch[max(0, bisect_right(c.fetch, pos(act.after)) - 1)])
+                    wrapped.add(act.tensor)
+                    continue
                 if act.tensor not in pending:
                     continue
                 at, tier, n = pending.pop(act.tensor)
@@ -661,7 +777,7 @@ class Formulation:
                     release = earlier[-1]
                 moved[k] = (release, fetch)
                 taken.add((act.tensor, c.after))
-        unmatched += len(pending)
+        unmatched += len(set(pending) - wrapped)   # a wrapped tensor's last offload is its write-back
         return moved, recomputed, unmatched
 
     def values_of(self, moved: dict[int, tuple[int, int]], recomputed=frozenset()) -> np.ndarray:
@@ -692,14 +808,14 @@ class Formulation:
         for k, (release, fetch) in moved.items():
             c = self.cands[k]
             taken.add((c.tensor, c.after))
-            for i in range(release, fetch + 1):
+            for i in c.off(release, fetch):
                 if i in need:
                     need[i] -= c.nbytes
         out = dict(moved)
         order = sorted(range(len(self.cands)), key=lambda k: (self.cands[k].tier != "host", -self.cands[k].nbytes, k))
         for k in order:
             c = self.cands[k]
-            span = range(c.release[0], c.fetch[-1] + 1)
+            span = c.span
             if (c.tensor, c.after) in taken or not any(need.get(i, 0) > 0 for i in span):
                 continue
             taken.add((c.tensor, c.after))
@@ -709,10 +825,10 @@ class Formulation:
                     need[i] -= c.nbytes
         for k in sorted(out, key=lambda k: (-self.cands[k].nbytes, k)):   # then the moves given, widened
             c, (release, fetch) = self.cands[k], out[k]
-            if any(need.get(i, 0) > 0 for i in range(c.release[0], c.fetch[-1] + 1)
-                   if not release <= i <= fetch):
-                for i in range(c.release[0], c.fetch[-1] + 1):
-                    if i in need and not release <= i <= fetch:
+            given = c.off(release, fetch)
+            if any(need.get(i, 0) > 0 for i in c.span if i not in given):
+                for i in c.span:
+                    if i in need and i not in given:
                         need[i] -= c.nbytes
                 out[k] = (c.release[0], c.fetch[-1])
         return out
@@ -774,6 +890,11 @@ def decode(form: Formulation, values: np.ndarray) -> list[Chosen]:
         done = c.in_pieces[busy[-1]][1] - 1 if len(busy) else c.before - 1
         chosen.append(Chosen(c, release, fetch, done))
     return chosen
+
+
+def initial_of(chosen: list[Chosen]) -> dict[str, str]:
+    """Where the moved wrap candidates start the iteration (the plan's ``initial``)."""
+    return {ch.candidate.tensor: ch.candidate.tier for ch in chosen if ch.candidate.wraps}
 
 
 def decode_recomputes(form: Formulation, values: np.ndarray) -> list[Recompute]:

@@ -11,8 +11,11 @@ a flow network (equivalent for moves that go out and come back once per interval
 synchronous moves are the window's edge cases (release two ops after the last use,
 prefetch issued right before the next); the write-once saving for read-only tensors is
 not modelled (every moved interval is written out, R16 makes that exact for tensors
-updated in place); persistent tensors move only within the iteration (no start in a
-lower tier); fragmentation does not exist here (R2 counts bytes).
+updated in place); a weight or optimizer state starts the iteration in host memory only
+where an op over the budget comes before its first touch (``initial``, a wrap candidate:
+fetched before its first touch, written back after its last); fragmentation does not
+exist here (R2 counts bytes). The SSD tier is left out when host memory holds every
+candidate and a host copy is never slower (``slower_tiers_dominated``).
 
 ``tmof`` follows the spirit of Lin et al., "TMOF: Tensor Movement Orchestration Framework
 for ...", HPCA 2023, whose MILP is not public: host memory only, the two PCIe directions
@@ -45,8 +48,9 @@ as fast as the heuristic; only a strictly faster heuristic plan is returned inst
 ``mip_gap`` say what HiGHS proved). The model shares each copy stream's time between
 copies step by step, the simulator's FIFO streams (R17) run them one at a time: the
 solution is lowered with its prefetches queued in each order of ``QUEUES`` (common.py:
-deadline, the model's finishing order, earliest deadline among those issued) and the
-fastest simulated is kept.
+deadline, the model's finishing order, earliest deadline among those issued), each at
+the model's fetch positions and ``EARLIER`` ops before them, and the fastest simulated
+is kept.
 
 Where the model's time departs from the simulator's (docs/ilp.md): an offload must end
 within ``window`` ops of its last use (the paper's window; the simulator lets it run on,
@@ -68,24 +72,29 @@ from dataclasses import replace
 
 from ...core.api import score, simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
-from .common import DEFAULT_GAP, DEFAULT_TIME_LIMIT, QUEUES, best_start, fix_by_relaxation, to_actions
-from .intervals import (MS, Formulation, candidates, decode, decode_chains, decode_recomputes, predicted_us, recomputes,
-                        retarget, step_times)
+from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, EARLIER, QUEUES, best_start, earlier, fix_by_relaxation,
+                     to_actions)
+from .intervals import (MS, Formulation, candidates, decode, decode_chains, decode_recomputes, initial_of, predicted_us,
+                        recomputes, retarget, slower_tiers_dominated, step_times, wrap_candidates)
 
 
 def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tiers: tuple[str, ...], window: int,
                     token: bool, gap: float | None, fallback, recompute_too: bool = False,
-                    fix_above: int = 100_000, reach: bool = False) -> Draft:
+                    fix_above: int = 100_000, reach: bool = False, far: int = 0, wrap: bool = False) -> Draft:
     """Build, solve, decode and judge one swap MILP; ``fallback()`` gives the heuristic draft."""
     started = time.perf_counter()
     deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
     sim = simulator_for(profile, hardware, options)
     gap = DEFAULT_GAP if gap is None else gap
-    cands = candidates(profile, hardware, budget, window, tiers, reach=reach)
+    cands = candidates(profile, hardware, budget, window, tiers, reach=reach, far=far)
+    if len(tiers) > 1 and slower_tiers_dominated(hardware, cands):
+        tiers, cands = ("host",), [c for c in cands if c.tier == "host"]
+    if wrap and not recompute_too and not reach:
+        cands += wrap_candidates(profile, hardware, budget, window, far)
     redo = recomputes(profile, budget) if recompute_too else []
     form = Formulation(profile, hardware, budget, cands, one_offload_at_a_time=token, redo=redo, reach=reach)
     built = time.perf_counter() - started
-    notes = {"candidates": len(cands), "recompute_candidates": len(redo), "columns": form.model.num_cols, "rows": form.model.num_rows,
+    notes = {"tiers": list(tiers), "candidates": len(cands), "recompute_candidates": len(redo), "columns": form.model.num_cols, "rows": form.model.num_rows,
              "over_budget_ops": len(form.over_ops), "window": window, "reach": reach}   # no timings: plans stay byte-identical
     if not form.over_ops:
         return Draft(status="optimal", gap=0.0, estimate_us=profile.ideal_us, notes=notes)
@@ -138,13 +147,14 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     estimate = predicted_us(form, solution.values)
     result, actions, queue = None, None, None
     steps_us = step_times(form, solution.values)
-    for name in QUEUES:   # the lowering the simulator runs fastest (the first of equals)
-        lowered = to_actions(profile, chosen, redone, chains, name, steps_us)
-        tried = score(sim, budget, lowered)
+    initial = initial_of(chosen)
+    for name, early in [(name, early) for early in EARLIER for name in QUEUES]:   # the fastest simulated lowering
+        lowered = to_actions(profile, earlier(chosen, early), redone, chains, name, steps_us)
+        tried = score(sim, budget, lowered, initial)
         if result is None or (tried.ok, -tried.iteration_us if tried.ok else 0) > \
                 (result.ok, -result.iteration_us if result.ok else 0):
-            result, actions, queue = tried, lowered, name
-    notes.update(moved=len(chosen), recomputed=len(redone), chain_recomputes=len(chains), prefetch_queue=queue, model_objective_us=estimate,
+            result, actions, queue = tried, lowered, name if not early else f"{name}, {early} ops earlier"
+    notes.update(moved=len(chosen), start_in_host=len(initial), recomputed=len(redone), chain_recomputes=len(chains), prefetch_queue=queue, model_objective_us=estimate,
                  simulated_us=result.iteration_us if result.ok else None)
     notes.update(heuristic_us=backup_result.iteration_us if backup_result.ok else None)
     if backup_result.ok and (not result.ok or backup_result.iteration_us < result.iteration_us):   # strictly faster
@@ -152,7 +162,8 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
                      else "the solver's plan does not run within the budget: the heuristic plan")
         return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", gap=solution.gap,
                      estimate_us=estimate, notes=notes)
-    return Draft(actions=actions, status=solution.status, gap=solution.gap, estimate_us=estimate, notes=notes)
+    return Draft(actions=actions, initial=initial, status=solution.status, gap=solution.gap, estimate_us=estimate,
+                 notes=notes)
 
 
 def _g10(profile, hardware, budget, ssd: bool, options: RunOptions):
@@ -179,18 +190,22 @@ _COMMON = (
             Param("reach", False, "positions only at ops over the budget, past the window up to the interval's "
                                   "ends (spaced out), copies in pieces between them, running-sum copy rows and "
                                   "the offload streams' FIFO queue in the model (docs/ilp.md: experimental, "
-                                  "slower to solve)")) + _COMMON,
+                                  "slower to solve)"),
+            Param("far", 0, "release positions past the window, at ops over the budget 1, 2, 4, ... apart "
+                            "(an offload queued on the link frees memory later, not never)", low=0, high=16),
+            Param("initial", True, "weights and optimizer state may start the iteration in host memory, "
+                                   "fetched before their first use and written back after their last")) + _COMMON,
     moves_persistent=True,
     paper="Hildebrand et al., AutoTM: Automatic Tensor Movement in Heterogeneous Memory Systems "
           "using Integer Linear Programming, ASPLOS 2020",
     searches=True,
 )
 def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=15, ssd=True, reach=False,
-                gap=1e-3, fix_above=100_000):
+                far=0, initial=True, gap=1e-3, fix_above=100_000):
     tiers = ("host", "ssd") if ssd and hardware.ssd is not None else ("host",)
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=tiers, window=window, token=False,
                            gap=gap, fallback=_g10(profile, hardware, budget_bytes, ssd and "ssd" in tiers, options),
-                           fix_above=fix_above, reach=reach)
+                           fix_above=fix_above, reach=reach, far=far, wrap=initial)
 
 
 @register(
