@@ -152,7 +152,7 @@ def test_a_weight_may_start_the_iteration_in_host_memory():
     # fetched after one of f1..m3 (back on the GPU from the next op), written back after u (position 6)
     assert (c.tensor, c.after, c.before, c.wraps, c.fetch) == ("s", 6, 6, True, (0, 1, 2, 3, 4))
     assert list(c.span) == [0, 1, 2, 3, 4]
-    planned = make_plan(profile, hw, BUDGET, "autotm", {}, options=RunOptions(time_limit=10, threads=1))
+    planned = make_plan(profile, hw, BUDGET, "autotm", {"initial": True}, options=RunOptions(time_limit=10, threads=1))
     notes = planned.plan.planner.notes
     assert "fallback" not in notes and notes["start_in_host"] == 1
     assert planned.plan.initial == {"s": "host"}

@@ -12,7 +12,7 @@ synchronous moves are the window's edge cases (release two ops after the last us
 prefetch issued right before the next); the write-once saving for read-only tensors is
 not modelled (every moved interval is written out, R16 makes that exact for tensors
 updated in place); a weight or optimizer state starts the iteration in host memory only
-where an op over the budget comes before its first touch (``initial``, a wrap candidate:
+where an op over the budget comes before its first touch (``initial``, off by default; a wrap candidate:
 fetched before its first touch, written back after its last); fragmentation does not
 exist here (R2 counts bytes). The SSD tier is left out when host memory holds every
 candidate and a host copy is never slower (``slower_tiers_dominated``).
@@ -193,7 +193,7 @@ _COMMON = (
                                   "slower to solve)"),
             Param("far", 0, "release positions past the window, at ops over the budget 1, 2, 4, ... apart "
                             "(an offload queued on the link frees memory later, not never)", low=0, high=16),
-            Param("initial", True, "weights and optimizer state may start the iteration in host memory, "
+            Param("initial", False, "weights and optimizer state may start the iteration in host memory, "
                                    "fetched before their first use and written back after their last")) + _COMMON,
     moves_persistent=True,
     paper="Hildebrand et al., AutoTM: Automatic Tensor Movement in Heterogeneous Memory Systems "
@@ -201,7 +201,7 @@ _COMMON = (
     searches=True,
 )
 def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=15, ssd=True, reach=False,
-                far=0, initial=True, gap=1e-3, fix_above=100_000):
+                far=0, initial=False, gap=1e-3, fix_above=100_000):
     tiers = ("host", "ssd") if ssd and hardware.ssd is not None else ("host",)
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=tiers, window=window, token=False,
                            gap=gap, fallback=_g10(profile, hardware, budget_bytes, ssd and "ssd" in tiers, options),
