@@ -45,6 +45,14 @@ MS = 1e-3     # the model's time unit is the millisecond (coefficients near 1); 
 SMALL = 1e-3   # tensors under this share of the largest excess over the budget are not candidates
 
 
+def least_bytes(resident: np.ndarray, budget: int, min_bytes: int = 1, share: float = SMALL) -> int:
+    """The smallest tensor worth a candidate: ``share`` of the largest excess over the
+    budget (``min_bytes`` when nothing is over it), at least ``min_bytes`` and 1."""
+    if resident.max() <= budget:
+        return max(1, min_bytes)
+    return max(1, min_bytes, int((resident.max() - budget) * share))
+
+
 @dataclass(frozen=True)
 class Candidate:
     """An idle interval of ``tensor`` (after op ``after``, before op ``before``) that
@@ -113,14 +121,14 @@ def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tupl
     release and fetch positions reach past the window to the interval's ops over the
     budget (``windows``)."""
     resident = np.asarray(profile.resident_bytes, dtype=np.int64)
-    min_bytes = max(min_bytes, int((resident.max() - budget) * SMALL)) if resident.max() > budget else min_bytes
+    min_bytes = least_bytes(resident, budget, min_bytes)
     over = np.concatenate(([0], np.cumsum(resident > budget)))
     over_at = np.flatnonzero(resident > budget).tolist()
     starts = op_start_us(profile)
     speeds = {(d, t): link_speed(hardware, d, t) for d in ("offload", "prefetch") for t in tiers}
     found = []
     for tensor in profile.tensors:
-        if tensor.bytes < max(1, min_bytes):
+        if tensor.bytes < min_bytes:
             continue
         for gap in idle_gaps(profile, tensor.id, starts):
             a, b = gap.after, gap.before
@@ -150,12 +158,12 @@ def slower_tiers_dominated(hardware, cands: list[Candidate]) -> bool:
     host_bytes = sum({c.tensor: c.nbytes for c in cands}.values())
     if host_bytes > hardware.host.memory_bytes:
         return False
+    links = lambda kind, tier: {name for name, _ in transfer_links(hardware, kind, tier)[1]}   # noqa: E731
     for kind in ("offload", "prefetch"):
-        host_lat, host_links, _ = transfer_links(hardware, kind, "host")
+        host_lat, host_rate = link_speed(hardware, kind, "host")
         for tier in {c.tier for c in cands} - {"host"}:
-            lat, links, _ = transfer_links(hardware, kind, tier)
-            if host_lat > lat or min(r for _, r in host_links) < min(r for _, r in links) \
-                    or not {name for name, _ in host_links} <= {name for name, _ in links}:
+            lat, rate = link_speed(hardware, kind, tier)
+            if host_lat > lat or host_rate < rate or not links(kind, "host") <= links(kind, tier):
                 return False
     return True
 
@@ -176,7 +184,7 @@ def wrap_candidates(profile: Profile, hardware, budget: int, window: int, far: i
     if resident.max() <= budget:
         return []
     n = len(profile.ops)
-    min_bytes = max(1, int((resident.max() - budget) * SMALL * WRAP_SMALL))
+    min_bytes = least_bytes(resident, budget, share=SMALL * WRAP_SMALL)
     over_at = np.flatnonzero(resident > budget).tolist()
     (lat_out, rate_out), (lat_in, rate_in) = (link_speed(hardware, d, "host") for d in ("offload", "prefetch"))
     found = []
@@ -191,7 +199,7 @@ def wrap_candidates(profile: Profile, hardware, budget: int, window: int, far: i
             continue
         fetch = tuple(range(max(0, first - 1 - window), first - 1))
         if far:
-            fetch = early_fetches(0, over_at[:bisect_left(over_at, first - 1)], fetch, far) + fetch
+            fetch = early_fetches(0, over_at, fetch, far) + fetch
         found.append(Candidate(tensor.id, tensor.bytes, last, first, "host", (n,), fetch,
                                lat_out + tensor.bytes / rate_out, lat_in + tensor.bytes / rate_in, wraps=True))
     return found
@@ -223,10 +231,9 @@ def windows(a: int, b: int, window: int, over: list[int] | None = None) -> tuple
 
 def late_releases(last: int, over: list[int], fetch: tuple, far: int) -> tuple:
     """Up to ``far`` release positions past the window, at the interval's ops over the
-    budget after ``last`` and before its first fetch position, the first and the last of
-    them included and ever farther apart (``log_spaced``):
-    an offload queued behind others on the link still frees memory at the ops over the
-    budget it reaches (the simulator frees it when the copy ends, R11); within the
+    budget after ``last`` and before its first fetch position: the 1st, 2nd, 4th, 8th,
+    ... of them (``log_spaced``). An offload queued behind others on the link still frees
+    memory at the ops over the budget it reaches (the simulator frees it when the copy ends, R11); within the
     window alone the model must stretch steps to finish it."""
     beyond = [i for i in over if last < i < fetch[0]]
     return tuple(beyond[k] for k in log_spaced(len(beyond), far))
@@ -234,8 +241,8 @@ def late_releases(last: int, over: list[int], fetch: tuple, far: int) -> tuple:
 
 def early_fetches(first: int, over: list[int], fetch: tuple, far: int) -> tuple:
     """Up to ``far`` fetch positions before the window, at the interval's ops over the
-    budget from ``first`` on, counting back from the window ever farther apart:
-    a prefetch issued there takes memory back from the next op (as one issued at any op
+    budget from ``first`` on: the 1st, 2nd, 4th, ... of them counting back from the
+    window. A prefetch issued there takes memory back from the next op (as one issued at any op
     up to the next op over the budget would), and has that much longer to run."""
     before = [i for i in over if first <= i < fetch[0]]
     return tuple(sorted(before[len(before) - 1 - k] for k in log_spaced(len(before), far)))
@@ -294,13 +301,13 @@ def recomputes(profile: Profile, budget: int, min_bytes: int = 1) -> list[Recomp
     in place, nothing updates it, and each non-persistent source lives until then and
     is not updated after the producer read it."""
     resident = np.asarray(profile.resident_bytes, dtype=np.int64)
-    min_bytes = max(min_bytes, int((resident.max() - budget) * SMALL)) if resident.max() > budget else min_bytes
+    min_bytes = least_bytes(resident, budget, min_bytes)
     over = np.concatenate(([0], np.cumsum(resident > budget)))
     tensors = profile.tensor_by_id
     found = []
     for tensor in profile.tensors:
         made_by = profile.producer[tensor.id]
-        if tensor.persistent or tensor.bytes < max(1, min_bytes) or made_by is None:
+        if tensor.persistent or tensor.bytes < min_bytes or made_by is None:
             continue
         producer = profile.ops[made_by]
         if producer.updates or profile.updaters[tensor.id]:
@@ -334,6 +341,16 @@ class Columns:
     Z: int
     u: int
     v: int
+
+
+def _y_column(c: Candidate, col: Columns, i: int) -> int | None:
+    """Column of ``c``'s Y at op i: of the last release position at or before i; None
+    before its first (a wrap candidate's one column at every op: it is off the GPU from
+    before the iteration)."""
+    if c.wraps:
+        return col.Y
+    at = bisect_right(c.release, i) - 1
+    return None if at < 0 else col.Y + at
 
 
 class Formulation:
@@ -375,11 +392,7 @@ class Formulation:
     def Y(self, k: int, i: int) -> int | None:
         """Column of Y at op i: of the last release position at or before i (the last one
         past the window), None before the window."""
-        c, col = self.cands[k], self.cols[k]
-        if c.wraps:
-            return col.Y     # off the GPU since before the iteration
-        at = bisect_right(c.release, i) - 1
-        return None if at < 0 else col.Y + at
+        return _y_column(self.cands[k], self.cols[k], i)
 
     def Z(self, k: int, j: int) -> int | None:
         c, col = self.cands[k], self.cols[k]
@@ -394,12 +407,10 @@ class Formulation:
             m.add_row([col.Z + k, col.Z + k - 1], [1.0, -1.0], lower=0.0)
         last_y, last_z = col.Y + len(c.release) - 1, col.Z + len(c.fetch) - 1
         m.add_row([last_y, last_z], [1.0, -1.0], 0.0, 0.0)
-        y_at = lambda i: col.Y if c.wraps else None if i < c.release[0] else \
-            col.Y + bisect_right(c.release, i) - 1   # noqa: E731
         for s, f in enumerate(c.fetch):                      # fetched only after it left
             if f >= c.release[-1]:
                 break
-            y = y_at(f)
+            y = _y_column(c, col, f)
             m.add_row([col.Z + s] + ([y] if y is not None else []),
                       [1.0] + ([-1.0] if y is not None else []), upper=0.0)
         d_out, d_in = c.out_us * MS, c.in_us * MS
@@ -699,7 +710,6 @@ class Formulation:
         for c in self.cands:
             if not c.wraps:
                 gaps.setdefault(c.tensor, []).append((c.after, c.before))
-        wrapped: set[str] = set()
         for r in self.redo:
             gaps.setdefault(r.tensor, []).append((r.after, r.before))
         ended: dict[tuple[str, int], float] = {}   # (tensor, nth offload of it) -> end time
@@ -726,6 +736,7 @@ class Formulation:
         redo = {(r.tensor, r.after, r.before): k for k, r in enumerate(self.redo)}
         recomputed: set[int] = set()
         taken: set[tuple[str, int]] = set()
+        starts_in, wrapped = initial or {}, set()   # the plan's initial placements; tensors matched to a wrap
         unmatched = 0
         for act in actions:
             if act.kind == "offload":
@@ -744,7 +755,7 @@ class Formulation:
             elif act.kind == "prefetch":
                 nth = fetched.get(act.tensor, 0)
                 fetched[act.tensor] = nth + 1
-                k = wrapping.get((act.tensor, pos(act.before), (initial or {}).get(act.tensor)))
+                k = wrapping.get((act.tensor, pos(act.before), starts_in.get(act.tensor)))
                 if act.tensor not in pending and nth == 0 and k is not None:   # in host since the start
                     c = self.cands[k]
                     moved[k] = (c.release[0], c.fetch[max(0, bisect_right(c.fetch, pos(act.after)) - 1)])
