@@ -952,5 +952,12 @@ def step_times(form: Formulation, values: np.ndarray) -> np.ndarray:
     return values[form.T:form.T + form.n] / MS
 
 
+def same_choices(form: Formulation, x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether two solutions make the same integer choices (moves, releases, fetches,
+    recomputes)."""
+    integer = np.asarray(form.model.integer, dtype=bool)
+    return bool(np.array_equal(np.round(x[integer]), np.round(y[integer])))
+
+
 def predicted_us(form: Formulation, values: np.ndarray) -> float:
     return float(values[form.T:form.T + form.n].sum()) / MS

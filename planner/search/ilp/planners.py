@@ -75,7 +75,7 @@ from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
 from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, EARLIER, QUEUES, best_start, earlier, fix_by_relaxation,
                      to_actions)
 from .intervals import (MS, Formulation, candidates, decode, decode_chains, decode_recomputes, initial_of, predicted_us,
-                        recomputes, retarget, slower_tiers_dominated, step_times, wrap_candidates)
+                        recomputes, retarget, same_choices, slower_tiers_dominated, step_times, wrap_candidates)
 
 
 def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tiers: tuple[str, ...], window: int,
@@ -145,6 +145,8 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     chains = decode_chains(redone)
     chosen = retarget(profile, chosen, redone, chains)
     estimate = predicted_us(form, solution.values)
+    if start is not None and same_choices(form, start, solution.values):
+        notes.update(improved_start=False)   # the solver's plan is its MIP start's choices (``start`` says whose)
     result, actions, queue = None, None, None
     steps_us = step_times(form, solution.values)
     initial = initial_of(chosen)
