@@ -70,7 +70,7 @@ class Simulator:
         """
         if plan.splits:
             sim, inner = self.split(plan)
-            return self._as_whole(sim.simulate(inner, budget_bytes, record, reference, allocator))
+            return self.as_whole(sim.simulate(inner, budget_bytes, record, reference, allocator))
         with _gc_paused():
             check_plan(plan, self.profile, self.machine.has_ssd, self.machine.cpu is not None)
             budget = self.budget(plan, budget_bytes)
@@ -98,7 +98,7 @@ class Simulator:
             sim = self._split[key] = Simulator(split_profile(self.profile, plan.splits, plan.origin), self.hardware)
         return sim, replace(plan, splits={}, profile_sha256=sim.compiled.sha256)
 
-    def _as_whole(self, result):
+    def as_whole(self, result):
         """A split plan's Result or Score against this profile's ideal (R54: the chunks'
         launches are overhead, as a slower variant's time is, R52)."""
         ideal = self.profile.ideal_us
@@ -169,7 +169,7 @@ class Simulator:
     def _score(self, plan: Plan, budget_bytes: int | None) -> Score:
         if plan.splits:
             sim, inner = self.split(plan)
-            return self._as_whole(sim._score(inner, budget_bytes))
+            return self.as_whole(sim._score(inner, budget_bytes))
         budget = self.budget(plan, budget_bytes)
         check = partial(check_plan, plan, self.profile, self.machine.has_ssd, self.machine.cpu is not None)
         if fastpath.available() and not plan.reference_only:   # packing and C check the structure; check_plan words errors

@@ -143,7 +143,7 @@ def _run_planner(spec, resolved: dict, sim: Simulator, splits: dict, hardware: H
         plan, result = _grouped(work, budget_bytes, plan, result, draft.notes)
     if splits:
         plan = replace(plan, profile_sha256=sim.compiled.sha256, splits=dict(splits))
-        result = sim._as_whole(result)
+        result = sim.as_whole(result)
     return plan, result, draft, seconds
 
 
