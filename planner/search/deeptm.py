@@ -37,8 +37,8 @@ What it does
    halved until they can (0: every candidate); if HiGHS proves the cold model
    infeasible (the byte check ignores the model's timing), it is solved again over
    every candidate in the time left. The solution is lowered as tmof's is
-   (each prefetch queue order tried, the fastest simulated kept). g10's host-only plan
-   (planner/swap/g10.py ``plan_g10``, the one import of another planner here) is the
+   (each prefetch queue order tried, the fastest simulated kept). The faster of g10's
+   host-only plan and lms's (planner/search/ilp/common.py ``best_heuristic``) is the
    MILP's start where the model has its moves (planner/search/ilp/common.py
    ``best_start``; hot tensors' moves are not, and moves are added where it needs more
    memory freed), the fallback when the solver finds nothing, and is returned instead
@@ -91,7 +91,8 @@ from simulator.plan import Action
 from ..core.analysis import op_start_us, touches
 from ..core.api import score, simulator_for
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
-from .ilp.common import DEFAULT_GAP, DEFAULT_TIME_LIMIT, QUEUES, best_start, fix_by_relaxation, to_actions
+from .ilp.common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, QUEUES, best_heuristic, best_start,
+                         fix_by_relaxation, to_actions)
 from .ilp.intervals import Formulation, candidates, decode, predicted_us, step_times
 
 WINDOW = 20
@@ -194,7 +195,6 @@ def aggregate(actions: list[Action], profile, hardware, page_bytes: int, align: 
     codecs = {codec.name: codec for codec in hardware.codecs}
     distance = reuse_distance(profile)
     nbytes = {t.id: t.bytes for t in profile.tensors}
-    index = profile.op_index
     actions = list(actions)
     if align:
         actions = align_prefetches(actions, profile)
@@ -325,12 +325,13 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     if form.uncovered:
         backup = fallback()
         notes.update(fallback=f"{len(form.uncovered)} ops over the budget that no cold interval can relieve: "
-                              "g10's host-only plan")
+                              "the heuristic plan")
         return backup.actions, backup.initial, "heuristic", None, None
     if form.model.num_cols > fix_above:
         form, _ = fix_by_relaxation(form, max(1.0, 0.3 * (deadline - time.perf_counter())), options, False, notes)
     backup = fallback()
     backup_result = score(sim, budget, backup.actions, backup.initial)
+    notes.update(heuristic=backup.notes.get("heuristic"))
     left = deadline - time.perf_counter()
     limit = max(1.0, left - min(0.05 * left, 10.0))
     options.say(f"deeptm MILP: {form.model.num_cols} columns, {form.model.num_rows} rows; "
@@ -343,7 +344,7 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
         solution = form.model.polish(solution, max(1.0, deadline - time.perf_counter()), options.threads, gap)
     notes.update(solver=solution.model_status, mip_gap=solution.gap)
     if solution.values is None:
-        notes.update(fallback="the solver found no plan over the cold tensors: g10's host-only plan")
+        notes.update(fallback="the solver found no plan over the cold tensors: the heuristic plan")
         return backup.actions, backup.initial, "heuristic", None, None
     chosen = decode(form, solution.values)
     estimate = predicted_us(form, solution.values)
@@ -359,7 +360,7 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     notes.update(heuristic_us=backup_result.iteration_us if backup_result.ok else None,
                  simulated_us=result.iteration_us if result.ok else None)
     if backup_result.ok and (not result.ok or backup_result.iteration_us < result.iteration_us):   # strictly faster
-        notes.update(fallback="g10's host-only plan simulated faster than the solver's")
+        notes.update(fallback="the heuristic plan simulated faster than the solver's")
         return backup.actions, backup.initial, "heuristic", solution.gap, estimate
     return actions, {}, solution.status, solution.gap, estimate
 
@@ -386,8 +387,6 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
           searches=True)
 def plan_deeptm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, hot=0.3, w_access=1.0, w_reuse=1.0,
                 w_idle=1.0, w_size=1.0, window=WINDOW, page_bytes=-1, gap=1e-3, fix_above=100_000) -> Draft:
-    from ..swap.g10 import plan_g10
-
     weights = {"access": w_access, "reuse": w_reuse, "idle": w_idle, "size": w_size}
     cands = candidates(profile, hardware, budget_bytes, window, ("host",))
     notes: dict = {"candidates": len(cands), "window": window}
@@ -398,8 +397,7 @@ def plan_deeptm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, hot
                  cold_candidates=len(cold))
     options.say(f"deeptm: {len(kept)} hot tensors stay; {len(cold)} of {len(cands)} candidate intervals are cold")
     sim = simulator_for(profile, hardware, options)
-    fallback = lambda: plan_g10(profile, hardware, budget_bytes, ssd=False,   # noqa: E731
-                                options=replace(DEFAULT_OPTIONS, simulator=sim))
+    fallback = best_heuristic(profile, hardware, budget_bytes, HOST_HEURISTICS, replace(options, simulator=sim))
     gap = DEFAULT_GAP if gap is None else gap
     started = time.perf_counter()
     actions, initial, status, solved_gap, estimate = solve_cold(

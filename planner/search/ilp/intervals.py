@@ -38,7 +38,7 @@ from simulator.compile.compiled import link_speed, transfer_links
 from simulator.profile import Profile
 
 from ...core.analysis import idle_gaps, op_start_us, touches
-from ...core.highs import INF, Model
+from ...core.highs import Model
 
 MS = 1e-3     # the model's time unit is the millisecond (coefficients near 1); memory rows
               # are in units of the largest excess over the budget

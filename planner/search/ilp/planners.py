@@ -32,8 +32,9 @@ prefetch due at the recompute, as Capuchin retargets it).
 All: the MILP's objective is its predicted iteration time (the sum of step times), and
 HiGHS's dual bound is a proven lower bound on that objective for this formulation (not on
 every plan: it fixes the op order, the windows and the candidate intervals). The heuristic
-fallback (g10's plan, host only for tmof: planner/swap/g10.py ``plan_g10``, the one import
-of another planner here; for joint the faster of capuchin's and g10's) is planned first
+fallback (the faster simulated of g10's plan and lms's, g10 host only for tmof; for joint
+the fastest of capuchin's, g10's and lms's: common.py ``best_heuristic``, the registered
+planners run by name, ``heuristic`` in the notes) is planned first
 and is the solver's MIP start (common.py ``best_start``): its offload and prefetch pairs
 (and, for joint, its drop and recompute pairs) whose interval and tier are candidates
 become the model's choices, each release read off the heuristic's simulated timeline;
@@ -68,12 +69,11 @@ GPT-2's peak, but at 20 s on 2 cores HiGHS does not get past its first incumbent
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 from ...core.api import score, simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
-from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, EARLIER, QUEUES, best_start, earlier, fix_by_relaxation,
-                     to_actions)
+from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, EARLIER, HOST_HEURISTICS, QUEUES, SWAP_HEURISTICS,
+                     best_heuristic, best_start, earlier, fix_by_relaxation, to_actions)
 from .intervals import (MS, Formulation, candidates, decode, decode_chains, decode_recomputes, initial_of, predicted_us,
                         recomputes, retarget, same_choices, slower_tiers_dominated, step_times, wrap_candidates)
 
@@ -110,6 +110,8 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
         cands = form.cands
     backup = fallback()   # first, so that the time limit covers it, and the solver starts from it
     backup_result = score(sim, budget, backup.actions, backup.initial)
+    if backup.notes.get("heuristic"):
+        notes.update(heuristic=backup.notes["heuristic"])
     given = None
     if len(tiers) > 1:
         # host moves alone first (a smaller model HiGHS solves fast): its plan starts the full one
@@ -168,12 +170,6 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
                  notes=notes)
 
 
-def _g10(profile, hardware, budget, ssd: bool, options: RunOptions):
-    from ...swap.g10 import plan_g10
-    return lambda: plan_g10(profile, hardware, budget, ssd=ssd, options=replace(DEFAULT_OPTIONS,
-                                                                                   simulator=options.simulator))
-
-
 _COMMON = (
     Param("gap", 1e-3, "stop when the solution is proven within this relative gap of the optimum",
           low=0.0, high=1.0),
@@ -205,8 +201,9 @@ _COMMON = (
 def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=15, ssd=True, reach=False,
                 far=0, initial=False, gap=1e-3, fix_above=100_000):
     tiers = ("host", "ssd") if ssd and hardware.ssd is not None else ("host",)
+    heuristics = SWAP_HEURISTICS if "ssd" in tiers else HOST_HEURISTICS
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=tiers, window=window, token=False,
-                           gap=gap, fallback=_g10(profile, hardware, budget_bytes, ssd and "ssd" in tiers, options),
+                           gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes, heuristics, options),
                            fix_above=fix_above, reach=reach, far=far, wrap=initial)
 
 
@@ -226,32 +223,14 @@ def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, win
 def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, token=False, gap=1e-3,
               fix_above=100_000):
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=token,
-                           gap=gap, fallback=_g10(profile, hardware, budget_bytes, False, options), fix_above=fix_above)
-
-
-def _best_of(profile, hardware, budget, names: tuple[str, ...], options: RunOptions):
-    """The fallback: the plan of these planners the simulator runs fastest within the budget."""
-    from ...core.registry import get_planner
-
-    def draft():
-        best = None
-        sim = simulator_for(profile, hardware, options)
-        for name in names:
-            spec = get_planner(name)
-            candidate = spec.func(profile, hardware, budget, options=replace(DEFAULT_OPTIONS, simulator=sim),
-                                  **spec.resolve({}))
-            result = score(sim, budget, candidate.actions, candidate.initial)
-            key = (not result.ok, result.iteration_us if result.ok else 0.0)
-            if best is None or key < best[0]:
-                best = (key, candidate)
-        return best[1]
-    return draft
+                           gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes, HOST_HEURISTICS, options),
+                           fix_above=fix_above)
 
 
 @register(
     "joint",
     "One MILP over swapping to host and recomputing each idle interval (Checkmate's and OffMate's idea on "
-    "the interval formulation), with capuchin's or g10's plan as the fallback.",
+    "the interval formulation), with the fastest of capuchin's, g10's and lms's plans as the fallback.",
     params=(Param("window", 20, "ops before / after a use within which a move may run", low=1, high=4096),)
     + _COMMON,
     moves_persistent=True,
@@ -262,5 +241,6 @@ def _best_of(profile, hardware, budget, names: tuple[str, ...], options: RunOpti
 )
 def plan_joint(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, gap=1e-3, fix_above=100_000):
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=False,
-                           gap=gap, fallback=_best_of(profile, hardware, budget_bytes, ("capuchin", "g10"), options),
+                           gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes,
+                                                            (("capuchin", {}),) + SWAP_HEURISTICS, options),
                            recompute_too=True, fix_above=fix_above)
