@@ -15,6 +15,11 @@ from planner.core.registry import REGISTRY, PlannerSpec, planners
 LIMIT = 0.2
 PROFILE = "gpt2-b48-s1024"
 
+# A cell's alarm that lands in a gc callback (hypothesis registers one) is printed and dropped by
+# Python, as "Exception ignored in ..."; compare/cells.py raises it again 0.25 s later, and these
+# tests provoke exactly that: the printed drop is expected here, not a failure.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
 
 def test_every_planner_ends_by_the_cells_hard_limit(tmp_path):
     # every planner, as compare runs them (two local processes), each cell timed inside its process
