@@ -8,10 +8,11 @@ import pytest
 
 from planner.core.api import make_plan, simulator_for
 from planner.core.registry import Draft, RunOptions
-from planner.search.ilp.common import best_start
-from planner.search.ilp.intervals import MS, Formulation, candidates, predicted_us
+from planner.search.ilp.common import best_start, offload_points, to_actions
+from planner.search.ilp.intervals import MS, Candidate, Chosen, Formulation, candidates, predicted_us
 from planner.search.ilp.planners import solve_swap_milp
 from simulator.plan import Plan, offload, prefetch
+from tests.conftest import make_profile
 from tests.engine_helpers import machine
 from tests.test_ilp import tiny
 
@@ -201,3 +202,37 @@ def test_far_positions_reach_the_ops_over_the_budget_past_the_window():
     for c in candidates(profile, hw, BUDGET, 1, ("host",), far=2):
         assert list(c.release) == sorted(set(c.release)) and list(c.fetch) == sorted(set(c.fetch))
         assert c.release[-1] <= c.fetch[-1]
+
+
+def _reread():
+    # t (50 B) made by p, read by r1 and r2, idle over i3-i5, read by u6 and r7, idle over i8-i10, read by r11
+    tensors = {"t": (50, "activation"), "out": (1, "activation")}
+    ops = [("p", "forward", 10.0, [], ["t"])]
+    reads = {1: "r1", 2: "r2", 6: "u6", 7: "r7", 11: "r11"}
+    for k in range(1, 12):
+        tensors[f"c{k}"] = (2, "activation")
+        name = reads.get(k, f"i{k}")
+        ins = (["t"] if k in reads else []) + ([f"c{k - 1}"] if k > 1 else [])
+        ops.append((name, "forward" if k < 9 else "backward", 10.0, ins, [f"c{k}"]))
+    ops.append(("end", "backward", 10.0, ["c11"], ["out"]))
+    return make_profile(tensors, ops, "ilp-reread")
+
+
+def test_early_offloads_are_issued_after_the_last_write_or_the_last_arrival():
+    profile, hw = _reread(), machine(h2d=0.01, d2h=0.01)
+    first = Chosen(Candidate("t", 50, 2, 6, "host", (3,), (5,), 5.0, 5.0), release=3, fetch=5, done=5)
+    second = Chosen(Candidate("t", 50, 7, 11, "host", (8,), (10,), 5.0, 5.0), release=8, fetch=10, done=10)
+    # the first: back past r2 and r1 (reads) to p, which makes t; the second: back to u6, which the first
+    # move brought t back for; without the first move, back to p
+    assert offload_points(profile, [first, second]) == [0, 6]
+    assert offload_points(profile, [second]) == [0]
+    assert offload_points(profile, [first, second], chains=[(3, "t")]) == [2, 7]   # recomputed: at the last use
+    sim = simulator_for(profile, hw)
+    for early in (False, True):
+        actions = to_actions(profile, [first, second], early_offloads=early)
+        assert [a.after for a in actions if a.kind == "offload"] == (["p", "u6"] if early else ["r2", "r7"])
+        plan = Plan(profile_name=profile.name, profile_sha256=sim.compiled.sha256, actions=tuple(actions))
+        run = sim.simulate(plan, 10**6, record=True)
+        assert run.ok, run
+        start = min(s.start_us for s in run.timeline.spans if s.args.get("kind") == "offload")
+        assert start == pytest.approx(10.0 if early else 30.0)   # the copy starts when its issue op ends

@@ -350,8 +350,8 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     estimate = predicted_us(form, solution.values)
     steps_us = step_times(form, solution.values)
     result, actions = None, None
-    for name in QUEUES:
-        lowered = to_actions(profile, chosen, queue=name, step_us=steps_us)
+    for name, soon in [(name, soon) for soon in (False, True) for name in QUEUES]:   # offloads as planners.py
+        lowered = to_actions(profile, chosen, queue=name, step_us=steps_us, early_offloads=soon)
         tried = score(sim, budget, lowered)
         if result is None or (tried.ok, -tried.iteration_us if tried.ok else 0) > \
                 (result.ok, -result.iteration_us if result.ok else 0):

@@ -13,6 +13,7 @@ import numpy as np
 from simulator.plan import Plan, drop, offload, prefetch, recompute
 
 from ...core.api import score, simulator_for
+from ...core.analysis import touches
 from ...core.lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from ...core.registry import DEFAULT_OPTIONS, RunOptions, get_planner
 from .intervals import MS, Chosen, Formulation, Recompute, predicted_us
@@ -24,8 +25,10 @@ LP_KEEP = 1e-3          # LP-guided fixing keeps the candidates the relaxation m
 
 
 def to_actions(profile, chosen: list[Chosen], redone: list[Recompute] = (),
-               chains: list[tuple[int, str]] = (), queue: str = "deadline", step_us=None) -> list:
-    """Offloads after the last use; prefetches queued on each stream in the ``queue``
+               chains: list[tuple[int, str]] = (), queue: str = "deadline", step_us=None,
+               early_offloads: bool = False) -> list:
+    """Offloads after the last use (``early_offloads``: after the last write before it,
+    ``offload_points``); prefetches queued on each stream in the ``queue``
     order (``QUEUES``; each held back, if need be, to the issue point of the one queued
     before it); drops after the last use of what is recomputed; the recomputes before
     each op in producer order (a chain's sources first), each chain source dropped again
@@ -33,9 +36,11 @@ def to_actions(profile, chosen: list[Chosen], redone: list[Recompute] = (),
     ops = profile.ops
     steps = [Step(r.after, DROP, r.before, r.tensor, drop(r.tensor, ops[r.after].id)) for r in redone]
     steps += [Step(at, DROP, at + 1, tid, drop(tid, ops[at].id)) for at, tid in chains]
-    for k, ch in enumerate(chosen):
+    issue = offload_points(profile, chosen, redone, chains) if early_offloads else \
+        [ch.candidate.after for ch in chosen]
+    for k, (ch, at) in enumerate(zip(chosen, issue)):
         c = ch.candidate
-        steps.append(Step(c.after, OFFLOAD, c.before, k, offload(c.tensor, ops[c.after].id, c.tier)))
+        steps.append(Step(at, OFFLOAD, c.before, k, offload(c.tensor, ops[at].id, c.tier)))
     starts = np.concatenate(([0.0], np.cumsum([op.time_us for op in ops] if step_us is None else step_us)))
     rank = 0
     for tier in sorted({ch.candidate.tier for ch in chosen}):
@@ -49,6 +54,39 @@ def to_actions(profile, chosen: list[Chosen], redone: list[Recompute] = (),
     again = sorted([(r.before, r.tensor) for r in redone] + list(chains),
                    key=lambda bt: (bt[0], profile.producer[bt[1]], bt[1]))
     return issue_order(steps, fifo=True) + [recompute(tid, ops[before].id) for before, tid in again]
+
+
+def offload_points(profile, chosen: list[Chosen], redone: list[Recompute] = (),
+                   chains: list[tuple[int, str]] = ()) -> list[int]:
+    """Per moved interval, the earliest op its offload may be issued after: the last op
+    before the interval that writes the tensor (its producer or an in-place update), or
+    the op a move of it before this one brought it back for, whichever is later. The ops
+    between read it while the copy runs (R11's window allows reads, not updates) and the
+    copy starts that much sooner on its FIFO stream, as LMS issues its offloads right
+    after the producer. A tensor that is also recomputed keeps its offload at the last use."""
+    again = {r.tensor for r in redone} | {tid for _, tid in chains}
+    back: dict[str, list[int]] = {}   # tensor -> ops a move of it brings it back for
+    for ch in chosen:
+        back.setdefault(ch.candidate.tensor, []).append(ch.candidate.before)
+    points = []
+    for ch in chosen:
+        c = ch.candidate
+        if c.wraps or c.tensor in again:
+            points.append(c.after)
+            continue
+        at = c.after
+        while not _written_or_arrives(profile, c.tensor, at, back[c.tensor]):
+            before = [p for p in touches(profile, c.tensor) if p < at]
+            if not before:
+                break   # resident since the iteration began and never written before: from its first touch
+            at = before[-1]
+        points.append(at)
+    return points
+
+
+def _written_or_arrives(profile, tid: str, at: int, arrivals: list[int]) -> bool:
+    op = profile.ops[at]
+    return tid in op.outputs or tid in op.updates or at in arrivals
 
 
 def _by_release_and_deadline(chosen: list[Chosen], starts) -> list[Chosen]:

@@ -50,8 +50,9 @@ as fast as the heuristic; only a strictly faster heuristic plan is returned inst
 copies step by step, the simulator's FIFO streams (R17) run them one at a time: the
 solution is lowered with its prefetches queued in each order of ``QUEUES`` (common.py:
 deadline, the model's finishing order, earliest deadline among those issued), each at
-the model's fetch positions and ``EARLIER`` ops before them, and the fastest simulated
-is kept.
+the model's fetch positions and ``EARLIER`` ops before them, with the offloads at the
+last use or after the last write before it (common.py ``offload_points``, as LMS issues
+them), and the fastest simulated is kept.
 
 Where the model's time departs from the simulator's (docs/ilp.md): an offload must end
 within ``window`` ops of its last use (the paper's window; the simulator lets it run on,
@@ -152,12 +153,13 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     result, actions, queue = None, None, None
     steps_us = step_times(form, solution.values)
     initial = initial_of(chosen)
-    for name, early in [(name, early) for early in EARLIER for name in QUEUES]:   # the fastest simulated lowering
-        lowered = to_actions(profile, earlier(chosen, early), redone, chains, name, steps_us)
+    for name, early, soon in [(n, e, s) for s in (False, True) for e in EARLIER for n in QUEUES]:   # the fastest
+        lowered = to_actions(profile, earlier(chosen, early), redone, chains, name, steps_us, early_offloads=soon)
         tried = score(sim, budget, lowered, initial)
         if result is None or (tried.ok, -tried.iteration_us if tried.ok else 0) > \
                 (result.ok, -result.iteration_us if result.ok else 0):
-            result, actions, queue = tried, lowered, name if not early else f"{name}, {early} ops earlier"
+            result, actions = tried, lowered
+            queue = ", ".join([name] + [f"{early} ops earlier"] * bool(early) + ["offloads after the last write"] * soon)
     notes.update(moved=len(chosen), start_in_host=len(initial), recomputed=len(redone), chain_recomputes=len(chains), prefetch_queue=queue, model_objective_us=estimate,
                  simulated_us=result.iteration_us if result.ok else None)
     notes.update(heuristic_us=backup_result.iteration_us if backup_result.ok else None)
