@@ -236,3 +236,14 @@ def test_early_offloads_are_issued_after_the_last_write_or_the_last_arrival():
         assert run.ok, run
         start = min(s.start_us for s in run.timeline.spans if s.args.get("kind") == "offload")
         assert start == pytest.approx(10.0 if early else 30.0)   # the copy starts when its issue op ends
+
+
+def test_an_offload_issued_before_the_last_use_is_the_intervals_move_in_the_start():
+    # LMS issues offloads right after the producer: the move still frees t over the gap before its next use
+    profile, hw = _reread(), machine(h2d=0.01, d2h=0.01)
+    budget = max(profile.resident_bytes) - 1
+    form = Formulation(profile, hw, budget, candidates(profile, hw, budget, 8, ("host",)))
+    assert [(c.after, c.before) for c in form.cands] == [(2, 6), (7, 11)]
+    moved, _, missing = form.choices_of_plan([offload("t", "p"), prefetch("t", "i5", "u6"),
+                                              offload("t", "u6"), prefetch("t", "i10", "r11")])
+    assert moved == {0: (4, 4), 1: (9, 9)} and missing == 0

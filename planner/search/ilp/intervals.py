@@ -686,7 +686,8 @@ class Formulation:
     def choices_of_plan(self, actions, timeline=None, initial=None) -> tuple[dict[int, tuple[int, int]], set[int], int]:
         """A plan's moves and recomputes as this model's integer choices: candidate k ->
         (release, fetch) for each offload and prefetch pair whose interval and tier are a
-        candidate's, and the recompute candidates a drop before and a recompute after
+        candidate's (the interval ending at the prefetch's ``before``, wherever before it
+        the offload was issued: LMS issues it after the producer, R11), and the recompute candidates a drop before and a recompute after
         match. The release is the first position whose op started once the plan's
         offload had ended on ``timeline`` (the plan's simulated spans; without one, the
         first position), clipped so that the tensor leaves before it is fetched; the
@@ -769,7 +770,7 @@ class Formulation:
                 if self.reach and copied is not None and op_starts is not None:   # memory taken at copy start (R12)
                     f = max(f, int(np.searchsorted(op_starts, copied, side="right")) - 2)
                 k = next((by_interval[act.tensor, a, before, tier] for a, before in gaps.get(act.tensor, ())
-                          if a <= at and before == b and (act.tensor, a, before, tier) in by_interval), None)
+                          if at < before == b and (act.tensor, a, before, tier) in by_interval), None)
                 if k is None or (act.tensor, self.cands[k].after) in taken:
                     unmatched += 1
                     continue
