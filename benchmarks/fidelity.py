@@ -7,8 +7,10 @@
 One table: reference, figure (the reference's own), swapplan (the simulator's), ratio
 (swapplan / figure), tolerance, ok. The references:
 
-- **real runs**: `swapplan train`'s path (runtime.peaks.peak_sweep) on two small models with
-  dropout, layer norm and attention, by the planners that recompute and two that swap, at
+- **real runs**: `swapplan train`'s path (runtime.peaks.peak_sweep) on five small models
+  (runtime/small_models.py: dropout, layer norm and attention; squeeze-and-excitation with
+  in-place residuals; tied embeddings under a causal mask; attention written out by hand),
+  by the planners that recompute and two that swap, at
   90%, 80% and 60% of the peak. The figure is the real pool's peak; ok when it is within
   the budget, bit-equal to the unplanned step, and within 1% of the budget (or 64 KiB) of
   the simulated peak.
@@ -41,7 +43,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 VGG13 = ROOT.parent / "shared" / "data" / "triosim-vgg13-h100"
-SWEEP_MODELS = ("ln_dropout_mlp", "blocks")
+SWEEP_MODELS = ("ln_dropout_mlp", "blocks", "se_cnn", "tied_lm", "manual_attention")
 SWEEP_PLANNERS = ("chen", "checkmate", "superneurons", "capuchin", "torch-budget", "swapadvisor", "lms", "g10")
 SHARES = (0.9, 0.8, 0.6)
 
