@@ -208,3 +208,18 @@ def test_a_plan_that_stops_at_a_splittable_op_is_planned_again_split():
     planned = make_plan(profile, load_hardware("a100-40gb-pcie4"), int(0.5 * profile.peak_bytes), "torch-budget")
     assert planned.result.ok and planned.plan.splits.get("o242", 0) >= 2
     assert "waits for memory at op 'o242'" in planned.plan.planner.notes["splits"]
+
+
+def test_the_planners_of_one_cell_split_the_same_ops():
+    """VGG-16 b1024 at 30%: alone, a planner that moves weights would split op o86's chain
+    in fewer chunks than one that keeps them; every planner gets the keeping planners' split,
+    so that joint's fallback (capuchin) plans the profile capuchin itself plans."""
+    from planner.core.api import _cell_splits
+    from planner.core.registry import get_planner
+    from simulator.catalog import open_profile
+    profile = open_profile("vgg16-b1024-s224")
+    budget = int(0.3 * profile.peak_bytes)
+    keeping, moving = choose_splits(profile, budget, False), choose_splits(profile, budget, True)
+    assert keeping and moving and set(keeping.values()) != set(moving.values())
+    for name in ("joint", "g10", "autotm", "capuchin"):
+        assert _cell_splits(profile, budget, get_planner(name), {}) == keeping
