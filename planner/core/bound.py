@@ -194,6 +194,8 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
         value = swap_only
         if recompute:
             ratio, size = lives.idle_at(p, touched)
+            if ideal + _recompute_all_us(ratio, size, excess) <= best:
+                continue   # no larger than recomputing the whole excess (S = 0), which does not beat best
             value = _with_recompute(ratio, size, starts[p], ideal - starts[p], excess, *lags, up, down,
                                     spill.at(first_end[p], tail[p]))
         if value > best:
@@ -310,6 +312,19 @@ def _recomputable_until(profile: Profile, tid: str) -> int:
     if profile.ops[made_by].updates:
         return made_by
     return min(profile.updaters[tid], default=len(profile.ops))
+
+
+def _recompute_all_us(ratio: np.ndarray, size: np.ndarray, excess: int) -> float:
+    """The recompute time of ``excess`` bytes taken cheapest per byte first from these
+    idle tensors (the last one in part), infinite when they hold fewer: the expression at
+    S = 0 is the ideal time plus this, an upper bound on its minimum that is quick to find."""
+    sums = size.cumsum()
+    if not len(sums) or sums[-1] < excess:
+        return float("inf")
+    j = int(sums.searchsorted(excess, side="left"))
+    before = float(sums[j - 1]) if j else 0.0
+    spent = float(np.dot(ratio[:j], size[:j])) if j else 0.0
+    return spent + (excess - before) * float(ratio[j])
 
 
 def _with_recompute(ratio: np.ndarray, size: np.ndarray, before_us: float, rest_us: float, excess: int,
