@@ -646,6 +646,13 @@ def test_errors_reading(tmp_path):
     assert "cannot read" in _error(fake).problem
 
 
+def test_a_trace_without_memory_events_is_refused(tmp_path):
+    # a trace recorded without profile_memory=True (as the public ones of trace-analysis tools often are)
+    document = _document_with(lambda ev: ev.__setitem__(slice(None), [e for e in ev if e["name"] != "[memory]"]))
+    error = _error(_write(tmp_path, document))
+    assert error.where == "traceEvents" and "profile_memory=True" in error.problem and "no tensors" in error.problem
+
+
 @pytest.mark.parametrize("transform, where, words", [
     (lambda ev: [e for e in ev if e.get("cat") == "cpu_op" and e.__setitem__("ts", "soon")],
      "traceEvents[0].ts", "expected a number"),

@@ -180,6 +180,10 @@ def import_kineto(trace_path, et_path=None, iteration=None, name=None, split=Tru
     try:
         trace = _read_trace(trace_data, file)
         et = _read_et(et_data, str(et_path)) if et_path is not None else None
+        if not trace.memory and et is None:
+            raise InputError(file, "traceEvents", "no CUDA [memory] events (recorded with "
+                                                  "torch.profiler.profile(profile_memory=True)) and no "
+                                                  "--et: the profile would hold no tensors, nothing to plan")
         chosen = _build_iteration(trace, step)
         flow = _dataflow(chosen, et, trace) if et is not None else None
         if split:
