@@ -7,7 +7,8 @@ They cover what makes real memory differ from a byte count: multi-output ops
 in-place updates (batch norm, in-place ReLU, residual adds) and the optimizer's
 temporaries; and shapes of user code the first ones lack: broadcast channel weights
 (squeeze-and-excitation), grouped convolutions, one weight read twice (tied embeddings),
-``torch.nn.TransformerEncoder`` under a causal mask, attention written out by hand. Sized so that a traced step runs in well under a second on one CPU thread.
+``torch.nn.TransformerEncoder`` under a causal mask, attention written out by hand. Sized
+so that a traced step runs in well under a second on one CPU thread.
 """
 from __future__ import annotations
 

@@ -68,19 +68,16 @@ def offload_points(profile, chosen: list[Chosen], redone: list[Recompute] = (),
     back: dict[str, list[int]] = {}   # tensor -> ops a move of it brings it back for
     for ch in chosen:
         back.setdefault(ch.candidate.tensor, []).append(ch.candidate.before)
+    touched = {tid: touches(profile, tid) for tid in back}
     points = []
     for ch in chosen:
         c = ch.candidate
         if c.wraps or c.tensor in again:
             points.append(c.after)
             continue
-        at = c.after
-        while not _written_or_arrives(profile, c.tensor, at, back[c.tensor]):
-            before = [p for p in touches(profile, c.tensor) if p < at]
-            if not before:
-                break   # resident since the iteration began and never written before: from its first touch
-            at = before[-1]
-        points.append(at)
+        earlier = [p for p in touched[c.tensor] if p <= c.after]   # the interval's last use is the last of them
+        points.append(next((p for p in reversed(earlier) if _written_or_arrives(profile, c.tensor, p, back[c.tensor])),
+                           earlier[0]))   # none: resident since the iteration began, from its first touch
     return points
 
 

@@ -687,10 +687,10 @@ class Formulation:
         """A plan's moves and recomputes as this model's integer choices: candidate k ->
         (release, fetch) for each offload and prefetch pair whose interval and tier are a
         candidate's (the interval ending at the prefetch's ``before``, wherever before it
-        the offload was issued: LMS issues it after the producer, R11), and the recompute candidates a drop before and a recompute after
-        match. The release is the first position whose op started once the plan's
-        offload had ended on ``timeline`` (the plan's simulated spans; without one, the
-        first position), clipped so that the tensor leaves before it is fetched; the
+        the offload was issued: LMS issues it after the producer, R11), and the recompute
+        candidates a drop before and a recompute after match. The release is the first
+        position whose op started once the plan's offload had ended on ``timeline`` (the
+        plan's simulated spans; without one, the first position), clipped so that the tensor leaves before it is fetched; the
         fetch is the last position at or before the prefetch's issue op (the first
         position when it was issued earlier; in the ``reach`` model, at or before the op
         before the one its copy started in on ``timeline``, as memory is taken then,
