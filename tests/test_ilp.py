@@ -94,7 +94,8 @@ def test_on_a_synthetic_graph_prediction_and_simulation_agree_and_the_fallback_n
     planned = make_plan(profile, hw, budget, planner, options=RunOptions(time_limit=20, threads=1))
     notes = planned.plan.planner.notes
     assert planned.result.ok
-    assert notes["model_bound_us"] <= notes["model_objective_us"] * (1 + 1e-9)
+    # the bound is on the first model's plans; refinement adds positions, so it bounds the first objective
+    assert notes["model_bound_us"] <= notes.get("first_model_objective_us", notes["model_objective_us"]) * (1 + 1e-9)
     assert notes["simulated_us"] == pytest.approx(notes["model_objective_us"], rel=0.02)
     fallback = make_plan(profile, hw, budget, "g10", {"ssd": str(planner == "autotm")})
     assert planned.result.iteration_us <= fallback.result.iteration_us * (1 + 1e-9)

@@ -247,3 +247,24 @@ def test_an_offload_issued_before_the_last_use_is_the_intervals_move_in_the_star
     moved, _, missing = form.choices_of_plan([offload("t", "p"), prefetch("t", "i5", "u6"),
                                               offload("t", "u6"), prefetch("t", "i10", "r11")])
     assert moved == {0: (4, 4), 1: (9, 9)} and missing == 0
+
+
+def test_the_start_keeps_the_heuristics_recomputes_the_model_can_hold():
+    # the chain graph (tests/test_ilp.py) at 183 B: 97 B too many at each of the five m ops. Dropping x
+    # alone frees 60 B; the rest would have to be s or w moved, but x's recompute before gx reads both inside
+    # their intervals, so more moves cannot cover the m ops and the model has no plan with that recompute
+    # alone (R13): the start keeps none of it. Dropping s as well frees 120 B: both are kept.
+    from planner.search.ilp.common import _recomputes_that_fit
+    from planner.search.ilp.intervals import recomputes
+    from tests.test_ilp import CHAIN_OPS, CHAIN_TENSORS
+    profile, hw = make_profile(CHAIN_TENSORS, CHAIN_OPS, "ilp-chain"), machine(h2d=0.0001, d2h=0.0001)
+    form = Formulation(profile, hw, 183, candidates(profile, hw, 183, 8, ("host",)), redo=recomputes(profile, 183))
+    kx, ks = (next(k for k, r in enumerate(form.redo) if r.tensor == t) for t in ("x", "s"))
+    short: list[int] = []
+    out = form.cover({}, {kx}, short)
+    assert not any(form.cands[k].tensor in ("s", "w") for k in out) and short == [3, 4, 5, 6, 7]
+    assert form.priced(form.values_of(out, {kx}), 10, 1) is None
+    assert _recomputes_that_fit(form, {}, {kx}) == set()
+    both = {kx, ks}
+    assert _recomputes_that_fit(form, {}, both) == both
+    assert form.priced(form.values_of(form.cover({}, both), both), 10, 1) is not None

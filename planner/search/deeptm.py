@@ -91,9 +91,10 @@ from simulator.plan import Action
 from ..core.analysis import op_start_us, touches
 from ..core.api import score, simulator_for
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
-from .ilp.common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, QUEUES, best_heuristic, best_start,
-                         fix_by_relaxation, to_actions)
-from .ilp.intervals import Formulation, candidates, decode, predicted_us, step_times
+from .ilp.common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, best_heuristic, best_start,
+                         fix_by_relaxation, lower_fastest)
+from .ilp.intervals import Formulation, candidates
+from .ilp.refine import refine, round_s
 
 WINDOW = 20
 
@@ -319,6 +320,7 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
     sim = simulator_for(profile, hardware, options)
     form = Formulation(profile, hardware, budget, cands)
+    built = time.perf_counter() - started
     notes.update(columns=form.model.num_cols, rows=form.model.num_rows, over_budget_ops=len(form.over_ops))
     if not form.over_ops:
         return [], {}, "optimal", 0.0, profile.ideal_us
@@ -338,7 +340,8 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
                 f"solving (limit {limit:.0f} s)")
     start = best_start(form, sim, budget, backup, max(1.0, 0.1 * limit), options.threads, notes)
     left = deadline - time.perf_counter()
-    limit = max(1.0, left - min(0.05 * left, 10.0))
+    rounds_s = round_s(built, left)
+    limit = max(1.0, left - min(0.05 * left, 10.0) - rounds_s)
     solution = form.model.solve(limit, options.threads, options.seed, gap, start=start)
     if solution.status == "feasible":
         solution = form.model.polish(solution, max(1.0, deadline - time.perf_counter()), options.threads, gap)
@@ -346,17 +349,15 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     if solution.values is None:
         notes.update(fallback="the solver found no plan over the cold tensors: the heuristic plan")
         return backup.actions, backup.initial, "heuristic", None, None
-    chosen = decode(form, solution.values)
-    estimate = predicted_us(form, solution.values)
-    steps_us = step_times(form, solution.values)
-    result, actions = None, None
-    for name, soon in [(name, soon) for soon in (False, True) for name in QUEUES]:   # offloads as planners.py
-        lowered = to_actions(profile, chosen, queue=name, step_us=steps_us, early_offloads=soon)
-        tried = score(sim, budget, lowered)
-        if result is None or (tried.ok, -tried.iteration_us if tried.ok else 0) > \
-                (result.ok, -result.iteration_us if result.ok else 0):
-            result, actions = tried, lowered
-    notes.update(moved=len(chosen), model_objective_us=estimate)
+    lowering = time.perf_counter()
+    best = lower_fastest(profile, sim, budget, form, solution.values, advances=(0,))   # offloads as planners.py
+    first_us = best.estimate_us
+    best, rounds = refine(form, sim, budget, best, deadline + rounds_s - (time.perf_counter() - lowering), options,
+                          gap, token=False, advances=(0,), overrun_s=rounds_s)
+    if rounds:
+        notes.update(refinement=rounds, first_model_objective_us=first_us)
+    result, actions, estimate = best.result, best.actions, best.estimate_us
+    notes.update(moved=len(best.chosen), model_objective_us=estimate)
     notes.update(heuristic_us=backup_result.iteration_us if backup_result.ok else None,
                  simulated_us=result.iteration_us if result.ok else None)
     if backup_result.ok and (not result.ok or backup_result.iteration_us < result.iteration_us):   # strictly faster

@@ -6,7 +6,7 @@ of each copy stream queued in one of several orders (``QUEUES``). Not a planner.
 from __future__ import annotations
 
 import heapq
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -16,7 +16,8 @@ from ...core.api import score, simulator_for
 from ...core.analysis import touches
 from ...core.lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from ...core.registry import DEFAULT_OPTIONS, RunOptions, get_planner
-from .intervals import MS, Chosen, Formulation, Recompute, predicted_us
+from .intervals import (MS, Chosen, Formulation, Recompute, decode, decode_chains, decode_recomputes, initial_of,
+                        predicted_us, retarget, step_times)
 
 
 DEFAULT_TIME_LIMIT = 60.0
@@ -137,6 +138,52 @@ def earlier(chosen: list[Chosen], ops: int) -> list[Chosen]:
     return [replace(ch, fetch=max(0 if ch.candidate.wraps else ch.release, ch.fetch - ops)) for ch in chosen]
 
 
+@dataclass
+class Lowered:
+    """A MILP solution as the plan the simulator ran fastest of its lowerings
+    (``lower_fastest``): the result, the actions and initial placements, which queue order
+    and advances made it (``queue``), the moves and recomputes decoded, and the model's
+    time of the solution (``estimate_us``)."""
+    result: object
+    actions: list
+    initial: dict
+    queue: str
+    chosen: list
+    redone: list
+    estimate_us: float
+
+    def beats(self, other: "Lowered | None") -> bool:
+        """Whether this plan runs where ``other`` does not, or strictly faster."""
+        if other is None:
+            return True
+        mine, theirs = self.result, other.result
+        return (mine.ok, -mine.iteration_us if mine.ok else 0) > (theirs.ok, -theirs.iteration_us if theirs.ok else 0)
+
+
+def lower_fastest(profile, sim, budget: int, form: Formulation, values: np.ndarray,
+                  advances: tuple[int, ...] = EARLIER) -> Lowered:
+    """Decode ``values`` (moves, recomputes, their chains) and lower them with the
+    prefetches in each queue order of ``QUEUES``, issued at the model's fetch positions or
+    each of ``advances`` ops earlier, the offloads at the last use or after the last write
+    (``offload_points``); the one the simulator runs fastest (one that runs before one
+    that does not; the first of equals)."""
+    chosen = decode(form, values)
+    redone = decode_recomputes(form, values)
+    chains = decode_chains(redone)
+    chosen = retarget(profile, chosen, redone, chains)
+    steps_us = step_times(form, values)
+    initial = initial_of(chosen)
+    best = None
+    for name, early, soon in [(n, e, s) for s in (False, True) for e in advances for n in QUEUES]:
+        actions = to_actions(profile, earlier(chosen, early), redone, chains, name, steps_us, early_offloads=soon)
+        queue = ", ".join([name] + [f"{early} ops earlier"] * bool(early) + ["offloads after the last write"] * soon)
+        tried = Lowered(score(sim, budget, actions, initial), actions, initial, queue, chosen, redone,
+                        predicted_us(form, values))
+        if tried.beats(best):
+            best = tried
+    return best
+
+
 # The heuristics the solvers start from and fall back to ((planner, parameters)): the
 # fastest simulated of them is the MIP start (lms is often faster than g10 on a swap-only
 # budget: GPT-2 at 50% 4.103 s against 4.111 s, ResNet-152 at 50% 4.187 s against 4.232 s).
@@ -189,6 +236,26 @@ def fix_by_relaxation(form: Formulation, limit: float, options: RunOptions, toke
     return reduced, relaxed.objective
 
 
+def _recomputes_that_fit(form: Formulation, moved: dict, redone: set[int]) -> set[int]:
+    """The heuristic's recomputes the model can hold beside its moves: all of them when
+    more moves then cover every op over the budget (``Formulation.cover``), else as many
+    as do, taken in the order of the ops they run before. A plan the model holds only in
+    part (capuchin's on GPT-2 at 30%: 21 of its 173 recomputes are candidates here, and
+    moving what the others freed would move the sources those 21 read) still starts the
+    solver from its moves."""
+    short: list[int] = []
+    form.cover(moved, redone, short)
+    if not short:
+        return redone
+    kept: set[int] = set()
+    for k in sorted(redone, key=lambda k: (form.redo[k].before, k)):
+        short = []
+        form.cover(moved, kept | {k}, short)
+        if not short:
+            kept.add(k)
+    return kept
+
+
 def best_start(form: Formulation, sim, budget: int, heuristic, limit: float, threads: int, notes: dict,
                given: np.ndarray | None = None):
     """The start HiGHS gets (a MIP start): the heuristic plan's moves and recomputes as
@@ -207,6 +274,7 @@ def best_start(form: Formulation, sim, budget: int, heuristic, limit: float, thr
         run = sim.simulate(plan, budget, record=True)
         moved, redone, missing = form.choices_of_plan(heuristic.actions, run.timeline if run.ok else None,
                                                       heuristic.initial)
+        redone = _recomputes_that_fit(form, moved, redone)
         x = form.priced(form.values_of(form.cover(moved, redone), redone), limit, threads)
         if x is not None:
             tried.append(("heuristic", x))

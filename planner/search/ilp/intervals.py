@@ -683,7 +683,8 @@ class Formulation:
         self._stretch_steps(x)
         return x
 
-    def choices_of_plan(self, actions, timeline=None, initial=None) -> tuple[dict[int, tuple[int, int]], set[int], int]:
+    def choices_of_plan(self, actions, timeline=None, initial=None,
+                        copy_start: bool = False) -> tuple[dict[int, tuple[int, int]], set[int], int]:
         """A plan's moves and recomputes as this model's integer choices: candidate k ->
         (release, fetch) for each offload and prefetch pair whose interval and tier are a
         candidate's (the interval ending at the prefetch's ``before``, wherever before it
@@ -692,9 +693,9 @@ class Formulation:
         position whose op started once the plan's offload had ended on ``timeline`` (the
         plan's simulated spans; without one, the first position), clipped so that the tensor leaves before it is fetched; the
         fetch is the last position at or before the prefetch's issue op (the first
-        position when it was issued earlier; in the ``reach`` model, at or before the op
-        before the one its copy started in on ``timeline``, as memory is taken then,
-        R12). A tensor the plan starts in host memory (``initial``) whose first prefetch
+        position when it was issued earlier; in the ``reach`` model or with ``copy_start``,
+        at or before the op before the one its copy started in on ``timeline``, as memory
+        is taken then, R12). A tensor the plan starts in host memory (``initial``) whose first prefetch
         is due at its first touch is the wrap candidate's move (``wrap_candidates``),
         its write-back part of it. Also returns how many of the plan's offloads have no
         candidate here (moves of small tensors, intervals the model does not have)."""
@@ -767,7 +768,7 @@ class Formulation:
                 at, tier, n = pending.pop(act.tensor)
                 f, b = pos(act.after), pos(act.before)
                 copied = began.get((act.tensor, nth))
-                if self.reach and copied is not None and op_starts is not None:   # memory taken at copy start (R12)
+                if (self.reach or copy_start) and copied is not None and op_starts is not None:   # taken then (R12)
                     f = max(f, int(np.searchsorted(op_starts, copied, side="right")) - 2)
                 k = next((by_interval[act.tensor, a, before, tier] for a, before in gaps.get(act.tensor, ())
                           if at < before == b and (act.tensor, a, before, tier) in by_interval), None)
@@ -804,11 +805,15 @@ class Formulation:
             x[self.Q + k] = 1.0
         return x
 
-    def cover(self, moved: dict[int, tuple[int, int]], recomputed=frozenset()) -> dict[int, tuple[int, int]]:
+    def cover(self, moved: dict[int, tuple[int, int]], recomputed=frozenset(),
+              short: list | None = None) -> dict[int, tuple[int, int]]:
         """``moved`` with more moves until every op over the budget fits in the model
         (as ``start`` adds them: the largest first, host first, each released as early
         and fetched as late as it may be); candidates of intervals already moved or
-        recomputed are skipped."""
+        recomputed are skipped, and those whose tensor a recompute taken reads inside the
+        interval (R13: the model forbids it there, ``_read_in_moved_interval``); the chain
+        sources the recomputes regenerate count at their ops (``decode_chains``). The ops
+        still over the budget after all that are appended to ``short``."""
         resident = self.profile.resident_bytes
         need = {i: resident[i] - self.budget for i in self.over_ops}
         taken = {(self.redo[k].tensor, self.redo[k].after) for k in recomputed}
@@ -817,6 +822,9 @@ class Formulation:
             for i in range(r.after + 1, r.before):
                 if i in need:
                     need[i] -= r.nbytes
+        for at, tid in decode_chains([self.redo[k] for k in recomputed]):   # a chain source held through op at
+            if at in need:
+                need[at] += self.profile.tensor_by_id[tid].bytes
         for k, (release, fetch) in moved.items():
             c = self.cands[k]
             taken.add((c.tensor, c.after))
@@ -824,11 +832,16 @@ class Formulation:
                 if i in need:
                     need[i] -= c.nbytes
         out = dict(moved)
+        read_at: dict[str, list[int]] = {}   # sources of the recomputes taken: not moved across their reads
+        for k in recomputed:
+            for src in self.redo[k].sources:
+                read_at.setdefault(src, []).append(self.redo[k].before)
         order = sorted(range(len(self.cands)), key=lambda k: (self.cands[k].tier != "host", -self.cands[k].nbytes, k))
         for k in order:
             c = self.cands[k]
             span = c.span
-            if (c.tensor, c.after) in taken or not any(need.get(i, 0) > 0 for i in span):
+            if (c.tensor, c.after) in taken or not any(need.get(i, 0) > 0 for i in span) \
+                    or any(c.after < at < c.before for at in read_at.get(c.tensor, ())):
                 continue
             taken.add((c.tensor, c.after))
             out[k] = (c.release[0], c.fetch[-1])
@@ -843,6 +856,8 @@ class Formulation:
                     if i in need and i not in given:
                         need[i] -= c.nbytes
                 out[k] = (c.release[0], c.fetch[-1])
+        if short is not None:
+            short.extend(i for i, left in need.items() if left > 0)
         return out
 
     def priced(self, x: np.ndarray, time_limit: float, threads: int) -> np.ndarray | None:

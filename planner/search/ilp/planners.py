@@ -59,7 +59,10 @@ within ``window`` ops of its last use (the paper's window; the simulator lets it
 and frees the memory when it ends), so on a transformer, where the forward's offloads
 queue on the link long past their window, the model stretches forward steps that the
 simulator runs at full speed and stalls later instead: on gpt2-b48-s1024 at 50% the model
-is 3-4% above the simulated time of its own plan. ``reach`` (autotm, off by default)
+is 3-4% above the simulated time of its own plan. Refinement (refine.py, in the time
+``round_s`` keeps) adds the positions the plan ran at to its moves, prices it in that
+model (``model_objective_us``: within 1% of the simulated time on GPT-2), lowers it
+again and solves from it. ``reach`` (autotm, off by default)
 puts release and fetch positions only at ops over the budget, reaching past the window
 to the interval's ends (spaced out), with the copies in pieces between them, running-sum
 copy rows (a far tighter LP relaxation) and the offload streams' FIFO queue as rows (a
@@ -73,10 +76,11 @@ import time
 
 from ...core.api import score, simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
-from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, EARLIER, HOST_HEURISTICS, QUEUES, SWAP_HEURISTICS,
-                     best_heuristic, best_start, earlier, fix_by_relaxation, to_actions)
-from .intervals import (MS, Formulation, candidates, decode, decode_chains, decode_recomputes, initial_of, predicted_us,
-                        recomputes, retarget, same_choices, slower_tiers_dominated, step_times, wrap_candidates)
+from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, SWAP_HEURISTICS, best_heuristic, best_start,
+                     fix_by_relaxation, lower_fastest)
+from .intervals import (MS, Formulation, candidates, decode_chains, recomputes, same_choices, slower_tiers_dominated,
+                        wrap_candidates)
+from .refine import refine, round_s
 
 
 def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tiers: tuple[str, ...], window: int,
@@ -127,7 +131,8 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     start = best_start(form, sim, budget, backup, max(1.0, 0.1 * (deadline - time.perf_counter())), options.threads,
                        notes, given)
     left = deadline - time.perf_counter()
-    limit = max(1.0, left - min(0.05 * left, 10.0))   # the rest: polishing, lowering, simulating
+    rounds_s = round_s(built, left)
+    limit = max(1.0, left - min(0.05 * left, 10.0) - rounds_s)   # the rest: lowering, refining
     options.say(f"MILP: {form.model.num_cols} columns, {form.model.num_rows} rows; solving (limit {limit:.0f} s)")
     solution = form.model.solve(limit, options.threads, options.seed, gap, start=start)
     if solution.status == "feasible":   # stopped early: place its copies as well as they go
@@ -143,33 +148,27 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
             else "the solver found no solution in time"
         notes.update(fallback=f"{why}: the heuristic plan")
         return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", notes=notes)
-    chosen = decode(form, solution.values)
-    redone = decode_recomputes(form, solution.values)
-    chains = decode_chains(redone)
-    chosen = retarget(profile, chosen, redone, chains)
-    estimate = predicted_us(form, solution.values)
     if start is not None and same_choices(form, start, solution.values):
         notes.update(improved_start=False)   # the solver's plan is its MIP start's choices (``start`` says whose)
-    result, actions, queue = None, None, None
-    steps_us = step_times(form, solution.values)
-    initial = initial_of(chosen)
-    for name, early, soon in [(n, e, s) for s in (False, True) for e in EARLIER for n in QUEUES]:   # the fastest
-        lowered = to_actions(profile, earlier(chosen, early), redone, chains, name, steps_us, early_offloads=soon)
-        tried = score(sim, budget, lowered, initial)
-        if result is None or (tried.ok, -tried.iteration_us if tried.ok else 0) > \
-                (result.ok, -result.iteration_us if result.ok else 0):
-            result, actions = tried, lowered
-            queue = ", ".join([name] + [f"{early} ops earlier"] * bool(early) + ["offloads after the last write"] * soon)
-    notes.update(moved=len(chosen), start_in_host=len(initial), recomputed=len(redone), chain_recomputes=len(chains), prefetch_queue=queue, model_objective_us=estimate,
-                 simulated_us=result.iteration_us if result.ok else None)
+    lowering = time.perf_counter()
+    best = lower_fastest(profile, sim, budget, form, solution.values)
+    first_us = best.estimate_us
+    best, rounds = refine(form, sim, budget, best, deadline + rounds_s - (time.perf_counter() - lowering), options,
+                          gap, token, overrun_s=rounds_s)
+    if rounds:
+        notes.update(refinement=rounds, first_model_objective_us=first_us)
+    result, estimate = best.result, best.estimate_us
+    notes.update(moved=len(best.chosen), start_in_host=len(best.initial), recomputed=len(best.redone),
+                 chain_recomputes=len(decode_chains(best.redone)), prefetch_queue=best.queue,
+                 model_objective_us=estimate, simulated_us=result.iteration_us if result.ok else None)
     notes.update(heuristic_us=backup_result.iteration_us if backup_result.ok else None)
     if backup_result.ok and (not result.ok or backup_result.iteration_us < result.iteration_us):   # strictly faster
         notes.update(fallback="the heuristic plan simulated faster than the solver's" if result.ok
                      else "the solver's plan does not run within the budget: the heuristic plan")
         return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", gap=solution.gap,
                      estimate_us=estimate, notes=notes)
-    return Draft(actions=actions, initial=initial, status=solution.status, gap=solution.gap, estimate_us=estimate,
-                 notes=notes)
+    return Draft(actions=best.actions, initial=best.initial, status=solution.status, gap=solution.gap,
+                 estimate_us=estimate, notes=notes)
 
 
 _COMMON = (

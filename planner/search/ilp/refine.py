@@ -1,0 +1,150 @@
+"""Refinement of an interval MILP's solution against the simulator's timeline.
+
+The model knows a move's release and its prefetch only at the positions of its window
+(intervals.py ``windows``): an offload must be done within ``window`` ops of the last
+use, a prefetch issued within ``window`` ops of the next. The simulator lets an offload
+queued on a busy link end later and frees the memory then (R11), and starts a prefetch
+when its stream is free (R12), so a plan it runs in T seconds can cost the model far
+more (ResNet-152 b512 at 50%: 4.73 s in the model, 4.32 s simulated). Refinement reads,
+for each move of the plan, the op its offload had ended by and the op its prefetch's
+copy started in, adds those as positions of that move's candidate, prices the plan in
+the larger model (now close to the simulated time: it is the plan's own timeline) and
+solves again from it. Each round's plan is kept when the simulator runs it faster.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from simulator.plan import Plan
+
+from .common import Lowered, lower_fastest
+from .intervals import Candidate, Formulation, predicted_us, same_choices
+
+ROUNDS = 2          # refinement rounds at most (the second adds positions only where the first moved them)
+SHARE = 0.25        # of the time left after the start, the most kept for refinement
+
+
+def round_s(build_s: float, left_s: float) -> float:
+    """Seconds one refinement round takes, about: it builds the model again, prices a plan
+    in it (an LP about as long as the build) and lowers it (simulations, a fraction of
+    that), three builds (``build_s``); at most ``SHARE`` of ``left_s``. The solve keeps
+    that much back, and the rounds may run that much past the time limit (the second
+    round, or the last pricing); a round's solver gets what the first solve left."""
+    return min(SHARE * left_s, 3.0 * build_s)
+
+
+def observed_positions(profile, cands: list[Candidate], actions, timeline) -> dict[int, tuple[int | None, int | None]]:
+    """Per candidate a plan moves (its offload issued before the interval's end, its
+    prefetch due there, in the tier's candidate): the op from which the tensor was off
+    the GPU on ``timeline`` (the first op that started once the offload had ended) and
+    the fetch position of its prefetch (the op before the one its copy started in: the
+    memory is taken then, R12), each clipped into the interval (a+2 .. b-2), or None
+    where the timeline has no such copy."""
+    index = profile.op_index
+    begun = {span.name: span.start_us for span in timeline.spans if span.track == "compute"}
+    op_starts = np.maximum.accumulate([begun.get(op.id, np.inf) for op in profile.ops])
+    ended: dict[str, list[float]] = {}
+    started: dict[str, list[float]] = {}
+    for span in timeline.spans:
+        kind = span.args.get("kind")
+        if kind in ("offload", "prefetch") and "members" not in span.args:
+            (ended if kind == "offload" else started).setdefault(span.args["tensor"], []).append(
+                span.end_us if kind == "offload" else span.start_us)
+    by_end: dict[tuple[str, int, str], int] = {(c.tensor, c.before, c.tier): k
+                                               for k, c in enumerate(cands) if not c.wraps}
+    offloads: dict[str, int] = {}
+    prefetches: dict[str, int] = {}
+    pending: dict[str, tuple[int, int, str]] = {}
+    found: dict[int, tuple[int | None, int | None]] = {}
+    for act in actions:
+        if act.kind == "offload":
+            n = offloads.get(act.tensor, 0)
+            offloads[act.tensor] = n + 1
+            pending[act.tensor] = (index[act.after], n, act.to)
+        elif act.kind == "prefetch":
+            m = prefetches.get(act.tensor, 0)
+            prefetches[act.tensor] = m + 1
+            if act.tensor not in pending:
+                continue
+            at, n, tier = pending.pop(act.tensor)
+            k = by_end.get((act.tensor, index[act.before], tier))
+            if k is None or at >= cands[k].before:
+                continue
+            c = cands[k]
+            clip = lambda i: min(max(i, c.after + 2), c.before - 2)   # noqa: E731
+            ends, starts = ended.get(act.tensor, ()), started.get(act.tensor, ())
+            release = clip(int(np.searchsorted(op_starts, ends[n], side="left"))) if n < len(ends) else None
+            fetch = clip(int(np.searchsorted(op_starts, starts[m], side="right")) - 2) if m < len(starts) else None
+            found[k] = (release, fetch)
+    return found
+
+
+def with_positions(cands: list[Candidate],
+                   found: dict[int, tuple[int | None, int | None]]) -> tuple[list[Candidate], int]:
+    """``cands`` with the ``found`` positions added to their release and fetch positions,
+    and how many candidates gained one."""
+    out, grown = list(cands), 0
+    for k, (release, fetch) in found.items():
+        c = cands[k]
+        releases = set(c.release) | ({release} if release is not None else set())
+        fetches = set(c.fetch) | ({fetch} if fetch is not None else set())
+        if len(releases) > len(c.release) or len(fetches) > len(c.fetch):
+            out[k] = replace(c, release=tuple(sorted(releases)), fetch=tuple(sorted(fetches)))
+            grown += 1
+    return out, grown
+
+
+def refine(form: Formulation, sim, budget: int, best: Lowered, deadline: float, options, gap: float,
+           token: bool, advances=None, overrun_s: float = 0.0) -> tuple[Lowered, list[dict]]:
+    """Up to ``ROUNDS`` rounds: the positions ``best`` ran at added to its candidates,
+    ``best`` priced in that model (its ``estimate_us`` then), lowered again from there
+    (``lower_fastest``) and, with a second or more left before ``deadline``, solved from
+    there (by ``deadline`` less ``overrun_s``: pricing and lowering may run into that,
+    solving not); a plan the simulator runs faster is kept, and timed by the model in
+    the next round (or a last pass). Returns the best plan and one note per round."""
+    rounds: list[dict] = []
+    extra = {} if advances is None else {"advances": advances}
+    timed = None   # the plan whose estimate_us is the current model's time for it
+    for round_ in range(ROUNDS + 1):   # the last pass only times the plan the rounds kept
+        left = deadline - time.perf_counter()
+        if left <= 0 or not best.result.ok or not best.actions:
+            break
+        plan = Plan(profile_name=form.profile.name, profile_sha256=sim.compiled.sha256,
+                    actions=tuple(best.actions), initial=dict(best.initial))
+        run = sim.simulate(plan, budget, record=True)
+        cands, grown = with_positions(form.cands, observed_positions(form.profile, form.cands, best.actions,
+                                                                       run.timeline))
+        if grown:
+            form = Formulation(form.profile, form.hardware, budget, cands, one_offload_at_a_time=token,
+                               redo=form.redo, reach=form.reach)
+        elif best is timed:
+            break
+        moved, redone, _ = form.choices_of_plan(best.actions, run.timeline, best.initial, copy_start=True)
+        x = form.priced(form.values_of(form.cover(moved, redone), redone), max(1.0, left), options.threads)
+        if x is None:
+            break
+        # timed by the model with its positions; a plan the model holds only in part here (a prefetch retargeted
+        # to a recompute matches no interval, and more moves are added in its place) keeps its lower time
+        best = timed = replace(best, estimate_us=min(best.estimate_us, predicted_us(form, x)))
+        if round_ == ROUNDS:
+            break
+        note = {"grown": grown, "columns": form.model.num_cols, "incumbent_model_us": predicted_us(form, x)}
+        tried = [lower_fastest(form.profile, sim, budget, form, x, **extra)]   # at the positions it ran at
+        limit = (deadline - overrun_s - time.perf_counter()) * (0.5 if round_ + 1 < ROUNDS else 1.0)
+        if limit >= 1.0:
+            options.say(f"MILP refinement {round_ + 1}: {grown} moves gained the positions they ran at; "
+                        f"solving (limit {limit:.0f} s)")
+            solution = form.model.solve(limit, options.threads, options.seed, gap, start=x)
+            note.update(solver=solution.model_status)
+            if solution.values is not None and not same_choices(form, x, solution.values):
+                tried.append(lower_fastest(form.profile, sim, budget, form, solution.values, **extra))
+        for lowered in tried:
+            if lowered.beats(best):
+                best = lowered
+                note.update(kept=True, model_us=best.estimate_us, simulated_us=best.result.iteration_us)
+        rounds.append(note)
+    return best, rounds
+

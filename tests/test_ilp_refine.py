@@ -1,0 +1,74 @@
+"""Refinement of an interval MILP's plan against its simulated timeline (planner/search/ilp/refine.py)."""
+from __future__ import annotations
+
+import pytest
+
+from planner.core.api import make_plan, simulator_for
+from planner.core.registry import RunOptions
+from planner.search.ilp.intervals import Formulation, candidates, predicted_us
+from planner.search.ilp.refine import observed_positions, with_positions
+from simulator.plan import Plan, offload, prefetch
+from tests.conftest import make_profile
+from tests.engine_helpers import machine
+
+
+def _long_gap():
+    # t (50 B) made by p (op 0), read by r1 (op 1), idle over i2 .. i12, read by u13; i8 makes w (60 B), read
+    # by i9: the peak is at ops 8 and 9, where t must be away. Every op takes 10 us; each makes a small c.
+    tensors = {"t": (50, "activation"), "w": (60, "activation"), "out": (1, "activation")}
+    ops = [("p", "forward", 10.0, [], ["t"])]
+    for k in range(1, 14):
+        tensors[f"c{k}"] = (2, "activation")
+        name = {1: "r1", 13: "u13"}.get(k, f"i{k}")
+        ins = (["t"] if k in (1, 13) else []) + ([f"c{k - 1}"] if k > 1 else []) + (["w"] if k == 9 else [])
+        outs = [f"c{k}"] + (["w"] if k == 8 else [])
+        ops.append((name, "forward" if k < 8 else "backward", 10.0, ins, outs))
+    ops.append(("end", "backward", 10.0, ["c13"], ["out"]))
+    return make_profile(tensors, ops, "ilp-long-gap")
+
+
+def test_the_positions_a_plan_ran_at_are_added_and_the_model_then_times_it_as_simulated():
+    # 1 B/us each way: t's copies take 50 us (5 ops). Offload issued when r1 ends (20 us), done at 70 us: the
+    # first op started by then is i7 (op 7). Prefetch issued after i10 (110 us), its copy 110-160 us, started
+    # in i11: fetch position 10. u13 waits for it from 130 to 160 us: simulated 150 us of ops + 30 us = 180 us.
+    profile, hw = _long_gap(), machine(h2d=0.001, d2h=0.001)
+    budget = max(profile.resident_bytes) - 1
+    cands = candidates(profile, hw, budget, 2, ("host",))
+    assert [(c.tensor, c.after, c.before, c.release, c.fetch) for c in cands] == [("t", 1, 13, (3, 4), (10, 11))]
+    actions = [offload("t", "r1"), prefetch("t", "i10", "u13")]
+    sim = simulator_for(profile, hw)
+    run = sim.simulate(Plan(profile_name=profile.name, profile_sha256=sim.compiled.sha256, actions=tuple(actions)),
+                       budget, record=True)
+    assert run.ok and run.iteration_us == pytest.approx(180.0)
+    found = observed_positions(profile, cands, actions, run.timeline)
+    assert found == {0: (7, 10)}
+    grown, count = with_positions(cands, found)
+    assert count == 1 and grown[0].release == (3, 4, 7) and grown[0].fetch == (10, 11)
+    assert with_positions(grown, found) == (grown, 0)   # nothing new the second time
+
+    def price(cs):
+        form = Formulation(profile, hw, budget, cs)
+        moved, redone, missing = form.choices_of_plan(actions, run.timeline, copy_start=True)
+        assert missing == 0
+        return predicted_us(form, form.priced(form.values_of(moved, redone), 10, 1)), moved
+
+    # within the window the offload must be done by op 4: steps 2 and 3 stretch to 50 us (+30 us), and the
+    # prefetch's 50 us in steps 11-12 (+30 us): 210 us; at the positions it ran at, the offload runs over
+    # steps 2-6 under their 50 us of compute: 180 us, the simulated time
+    before, moved = price(cands)
+    assert moved == {0: (4, 10)} and before == pytest.approx(210.0)
+    after, moved = price(grown)
+    assert moved == {0: (7, 10)} and after == pytest.approx(run.iteration_us)
+
+
+@pytest.mark.parametrize("planner", ["autotm", "tmof"])
+def test_a_solvers_plan_is_timed_by_the_refined_model(planner):
+    # A window of 2 cannot hold t's 50 us copies: the refined model times the returned plan as simulated
+    profile, hw = _long_gap(), machine(h2d=0.001, d2h=0.001)
+    budget = max(profile.resident_bytes) - 1
+    planned = make_plan(profile, hw, budget, planner, {"window": 2}, options=RunOptions(time_limit=20, threads=1))
+    notes = planned.plan.planner.notes
+    assert planned.result.ok and "fallback" not in notes
+    assert notes["refinement"] and notes["refinement"][0]["grown"] >= 1
+    assert notes["first_model_objective_us"] > notes["simulated_us"] * 1.1
+    assert notes["model_objective_us"] == pytest.approx(notes["simulated_us"], rel=1e-6)
