@@ -104,13 +104,16 @@ def refine(form: Formulation, sim, budget: int, best: Lowered, deadline: float, 
     (``lower_fastest``) and, with a second or more left before ``deadline``, solved from
     there (by ``deadline`` less ``overrun_s``: pricing and lowering may run into that,
     solving not); a plan the simulator runs faster is kept, and timed by the model in
-    the next round (or a last pass). Returns the best plan and one note per round."""
+    the next round, or in a last pass (one LP, run even past ``deadline``, so that the
+    time reported is the model's for the plan returned). Returns the best plan and one
+    note per round."""
     rounds: list[dict] = []
     extra = {} if advances is None else {"advances": advances}
     timed = None   # the plan whose estimate_us is the current model's time for it
     for round_ in range(ROUNDS + 1):   # the last pass only times the plan the rounds kept
         left = deadline - time.perf_counter()
-        if left <= 0 or not best.result.ok or not best.actions:
+        last = round_ == ROUNDS or left <= 0   # past the deadline: only time the plan kept (one LP)
+        if not best.result.ok or not best.actions or (left <= 0 and best is timed):
             break
         plan = Plan(profile_name=form.profile.name, profile_sha256=sim.compiled.sha256,
                     actions=tuple(best.actions), initial=dict(best.initial))
@@ -129,7 +132,7 @@ def refine(form: Formulation, sim, budget: int, best: Lowered, deadline: float, 
         # timed by the model with its positions; a plan the model holds only in part here (a prefetch retargeted
         # to a recompute matches no interval, and more moves are added in its place) keeps its lower time
         best = timed = replace(best, estimate_us=min(best.estimate_us, predicted_us(form, x)))
-        if round_ == ROUNDS:
+        if last:
             break
         note = {"grown": grown, "columns": form.model.num_cols, "incumbent_model_us": predicted_us(form, x)}
         tried = [lower_fastest(form.profile, sim, budget, form, x, **extra)]   # at the positions it ran at
