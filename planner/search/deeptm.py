@@ -354,7 +354,7 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     first_us = best.estimate_us
     best, rounds = refine(form, sim, budget, best, deadline + rounds_s - (time.perf_counter() - lowering), options,
                           gap, token=False, advances=(0,), overrun_s=rounds_s)
-    if rounds:
+    if rounds or best.estimate_us != first_us:   # refined (a last pass may time the plan without a round)
         notes.update(refinement=rounds, first_model_objective_us=first_us)
     result, actions, estimate = best.result, best.actions, best.estimate_us
     notes.update(moved=len(best.chosen), model_objective_us=estimate)

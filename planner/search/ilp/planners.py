@@ -155,7 +155,7 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     first_us = best.estimate_us
     best, rounds = refine(form, sim, budget, best, deadline + rounds_s - (time.perf_counter() - lowering), options,
                           gap, token, overrun_s=rounds_s)
-    if rounds:
+    if rounds or best.estimate_us != first_us:   # refined (a last pass may time the plan without a round)
         notes.update(refinement=rounds, first_model_objective_us=first_us)
     result, estimate = best.result, best.estimate_us
     notes.update(moved=len(best.chosen), start_in_host=len(best.initial), recomputed=len(best.redone),
