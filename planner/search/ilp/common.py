@@ -173,12 +173,12 @@ def lower_fastest(profile, sim, budget: int, form: Formulation, values: np.ndarr
     chosen = retarget(profile, chosen, redone, chains)
     steps_us = step_times(form, values)
     initial = initial_of(chosen)
+    estimate_us = predicted_us(form, values)
     best = None
     for name, early, soon in [(n, e, s) for s in (False, True) for e in advances for n in QUEUES]:
         actions = to_actions(profile, earlier(chosen, early), redone, chains, name, steps_us, early_offloads=soon)
         queue = ", ".join([name] + [f"{early} ops earlier"] * bool(early) + ["offloads after the last write"] * soon)
-        tried = Lowered(score(sim, budget, actions, initial), actions, initial, queue, chosen, redone,
-                        predicted_us(form, values))
+        tried = Lowered(score(sim, budget, actions, initial), actions, initial, queue, chosen, redone, estimate_us)
         if tried.beats(best):
             best = tried
     return best

@@ -714,22 +714,7 @@ class Formulation:
                 gaps.setdefault(c.tensor, []).append((c.after, c.before))
         for r in self.redo:
             gaps.setdefault(r.tensor, []).append((r.after, r.before))
-        ended: dict[tuple[str, int], float] = {}   # (tensor, nth offload of it) -> end time
-        began: dict[tuple[str, int], float] = {}   # (tensor, nth prefetch of it) -> start time
-        op_starts = None
-        if timeline is not None:
-            seen: dict[tuple[str, str], int] = {}
-            for span in timeline.spans:
-                kind = span.args.get("kind")
-                if kind in ("offload", "prefetch") and "members" not in span.args:
-                    n = seen.get((kind, span.args["tensor"]), 0)
-                    seen[kind, span.args["tensor"]] = n + 1
-                    if kind == "offload":
-                        ended[span.args["tensor"], n] = span.end_us
-                    else:
-                        began[span.args["tensor"], n] = span.start_us
-            begun = {s.name: s.start_us for s in timeline.spans if s.track == "compute"}
-            op_starts = np.maximum.accumulate([begun.get(op.id, np.inf) for op in self.profile.ops])
+        op_starts, ended, began = copy_times(self.profile, timeline) if timeline is not None else (None, {}, {})
         moved: dict[int, tuple[int, int]] = {}
         pending: dict[str, tuple[int, str, int]] = {}
         count: dict[str, int] = {}
@@ -887,6 +872,27 @@ class Formulation:
                     index.append(y)
                     value.append(-1.0)
             self.model.add_row(index, value, upper=1.0)
+
+
+def copy_times(profile: Profile, timeline) -> tuple[np.ndarray, dict, dict]:
+    """A simulated plan's ``timeline`` read for its copies: the time each op started (kept
+    non-decreasing, so that a search finds the first op started by a time), the end of the
+    n-th offload of each tensor ((tensor, n) -> us) and the start of its n-th prefetch
+    (grouped copies, R53, are left out)."""
+    ended: dict[tuple[str, int], float] = {}
+    began: dict[tuple[str, int], float] = {}
+    seen: dict[tuple[str, str], int] = {}
+    for span in timeline.spans:
+        kind = span.args.get("kind")
+        if kind in ("offload", "prefetch") and "members" not in span.args:
+            n = seen.get((kind, span.args["tensor"]), 0)
+            seen[kind, span.args["tensor"]] = n + 1
+            if kind == "offload":
+                ended[span.args["tensor"], n] = span.end_us
+            else:
+                began[span.args["tensor"], n] = span.start_us
+    begun = {span.name: span.start_us for span in timeline.spans if span.track == "compute"}
+    return np.maximum.accumulate([begun.get(op.id, np.inf) for op in profile.ops]), ended, began
 
 
 @dataclass(frozen=True)

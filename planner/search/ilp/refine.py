@@ -21,7 +21,7 @@ import numpy as np
 from simulator.plan import Plan
 
 from .common import Lowered, lower_fastest
-from .intervals import Candidate, Formulation, predicted_us, same_choices
+from .intervals import Candidate, Formulation, copy_times, predicted_us, same_choices
 
 ROUNDS = 2          # refinement rounds at most (the second adds positions only where the first moved them)
 SHARE = 0.25        # of the time left after the start, the most kept for refinement
@@ -44,15 +44,7 @@ def observed_positions(profile, cands: list[Candidate], actions, timeline) -> di
     memory is taken then, R12), each clipped into the interval (a+2 .. b-2), or None
     where the timeline has no such copy."""
     index = profile.op_index
-    begun = {span.name: span.start_us for span in timeline.spans if span.track == "compute"}
-    op_starts = np.maximum.accumulate([begun.get(op.id, np.inf) for op in profile.ops])
-    ended: dict[str, list[float]] = {}
-    started: dict[str, list[float]] = {}
-    for span in timeline.spans:
-        kind = span.args.get("kind")
-        if kind in ("offload", "prefetch") and "members" not in span.args:
-            (ended if kind == "offload" else started).setdefault(span.args["tensor"], []).append(
-                span.end_us if kind == "offload" else span.start_us)
+    op_starts, ended, began = copy_times(profile, timeline)
     by_end: dict[tuple[str, int, str], int] = {(c.tensor, c.before, c.tier): k
                                                for k, c in enumerate(cands) if not c.wraps}
     offloads: dict[str, int] = {}
@@ -75,9 +67,9 @@ def observed_positions(profile, cands: list[Candidate], actions, timeline) -> di
                 continue
             c = cands[k]
             clip = lambda i: min(max(i, c.after + 2), c.before - 2)   # noqa: E731
-            ends, starts = ended.get(act.tensor, ()), started.get(act.tensor, ())
-            release = clip(int(np.searchsorted(op_starts, ends[n], side="left"))) if n < len(ends) else None
-            fetch = clip(int(np.searchsorted(op_starts, starts[m], side="right")) - 2) if m < len(starts) else None
+            done, copied = ended.get((act.tensor, n)), began.get((act.tensor, m))
+            release = None if done is None else clip(int(np.searchsorted(op_starts, done, side="left")))
+            fetch = None if copied is None else clip(int(np.searchsorted(op_starts, copied, side="right")) - 2)
             found[k] = (release, fetch)
     return found
 
@@ -131,10 +123,11 @@ def refine(form: Formulation, sim, budget: int, best: Lowered, deadline: float, 
             break
         # timed by the model with its positions; a plan the model holds only in part here (a prefetch retargeted
         # to a recompute matches no interval, and more moves are added in its place) keeps its lower time
-        best = timed = replace(best, estimate_us=min(best.estimate_us, predicted_us(form, x)))
+        priced_us = predicted_us(form, x)
+        best = timed = replace(best, estimate_us=min(best.estimate_us, priced_us))
         if last:
             break
-        note = {"grown": grown, "columns": form.model.num_cols, "incumbent_model_us": predicted_us(form, x)}
+        note = {"grown": grown, "columns": form.model.num_cols, "incumbent_model_us": priced_us}
         tried = [lower_fastest(form.profile, sim, budget, form, x, **extra)]   # at the positions it ran at
         limit = (deadline - overrun_s - time.perf_counter()) * (0.5 if round_ + 1 < ROUNDS else 1.0)
         if limit >= 1.0:
