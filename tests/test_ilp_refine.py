@@ -6,7 +6,7 @@ import pytest
 from planner.core.api import make_plan, simulator_for
 from planner.core.registry import RunOptions
 from planner.search.ilp.intervals import Formulation, candidates, predicted_us
-from planner.search.ilp.refine import observed_positions, with_positions
+from planner.search.ilp.refine import at_positions_of, observed_positions, with_positions
 from simulator.plan import Plan, offload, prefetch
 from tests.conftest import make_profile
 from tests.engine_helpers import machine
@@ -70,5 +70,28 @@ def test_a_solvers_plan_is_timed_by_the_refined_model(planner):
     notes = planned.plan.planner.notes
     assert planned.result.ok and "fallback" not in notes
     assert notes["refinement"] and notes["refinement"][0]["grown"] >= 1
-    assert notes["first_model_objective_us"] > notes["simulated_us"] * 1.1
+    # the start (lms's plan) is priced at the positions it ran at (start_positions), the solver's plan then
+    # at its own: lms fetches one op earlier than the window's fetch position, 170 us simulated
+    assert notes["start_positions"] == 1 and notes["heuristic"] == "lms"
+    assert notes["first_model_objective_us"] > notes["simulated_us"] * 1.05
     assert notes["model_objective_us"] == pytest.approx(notes["simulated_us"], rel=1e-6)
+
+
+def test_a_heuristic_start_is_priced_at_the_positions_it_ran_at():
+    # The hand-computed plan of the first test as the MIP start: the window's model prices it at 210 us, the
+    # model with its positions (at_positions_of) at 180 us, its simulated time
+    profile, hw = _long_gap(), machine(h2d=0.001, d2h=0.001)
+    budget = max(profile.resident_bytes) - 1
+    actions = [offload("t", "r1"), prefetch("t", "i10", "u13")]
+    sim = simulator_for(profile, hw)
+    form = Formulation(profile, hw, budget, candidates(profile, hw, budget, 2, ("host",)))
+    grown_form, grown = at_positions_of(form, sim, budget, actions, {}, False)
+    assert grown == 1 and grown_form.cands[0].release == (3, 4, 7)
+    assert at_positions_of(grown_form, sim, budget, actions, {}, False) == (grown_form, 0)
+
+    def price(f, copy_start):
+        run = sim.simulate(Plan(profile_name=profile.name, profile_sha256=sim.compiled.sha256,
+                                actions=tuple(actions)), budget, record=True)
+        moved, redone, _ = f.choices_of_plan(actions, run.timeline, copy_start=copy_start)
+        return predicted_us(f, f.priced(f.values_of(moved, redone), 10, 1))
+    assert price(form, False) == pytest.approx(210.0) and price(grown_form, True) == pytest.approx(180.0)

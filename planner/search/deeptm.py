@@ -37,8 +37,9 @@ What it does
    halved until they can (0: every candidate); if HiGHS proves the cold model
    infeasible (the byte check ignores the model's timing), it is solved again over
    every candidate in the time left. The solution is lowered as tmof's is
-   (each prefetch queue order tried, the fastest simulated kept). The faster of g10's
-   host-only plan and lms's (planner/search/ilp/common.py ``best_heuristic``) is the
+   (each prefetch queue order tried, the fastest simulated kept). The fastest of g10's
+   host-only plan, lms's and autoswap's (planner/search/ilp/common.py ``best_heuristic``;
+   the model first gains the positions its moves ran at, refine.py ``at_positions_of``) is the
    MILP's start where the model has its moves (planner/search/ilp/common.py
    ``best_start``; hot tensors' moves are not, and moves are added where it needs more
    memory freed), the fallback when the solver finds nothing, and is returned instead
@@ -94,7 +95,7 @@ from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
 from .ilp.common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, best_heuristic, best_start,
                          fix_by_relaxation, lower_fastest)
 from .ilp.intervals import Formulation, candidates
-from .ilp.refine import refine, round_s
+from .ilp.refine import at_positions_of, refine, round_s
 
 WINDOW = 20
 
@@ -334,11 +335,13 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     backup = fallback()
     backup_result = score(sim, budget, backup.actions, backup.initial)
     notes.update(heuristic=backup.notes.get("heuristic"))
+    form, grown = at_positions_of(form, sim, budget, backup.actions, backup.initial, False)
+    notes.update(start_positions=grown)
     left = deadline - time.perf_counter()
     limit = max(1.0, left - min(0.05 * left, 10.0))
     options.say(f"deeptm MILP: {form.model.num_cols} columns, {form.model.num_rows} rows; "
                 f"solving (limit {limit:.0f} s)")
-    start = best_start(form, sim, budget, backup, max(1.0, 0.1 * limit), options.threads, notes)
+    start = best_start(form, sim, budget, backup, max(1.0, 0.1 * limit), options.threads, notes, copy_start=True)
     left = deadline - time.perf_counter()
     rounds_s = round_s(built, left)
     limit = max(1.0, left - min(0.05 * left, 10.0) - rounds_s)

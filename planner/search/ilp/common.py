@@ -186,9 +186,11 @@ def lower_fastest(profile, sim, budget: int, form: Formulation, values: np.ndarr
 
 # The heuristics the solvers start from and fall back to ((planner, parameters)): the
 # fastest simulated of them is the MIP start (lms is often faster than g10 on a swap-only
-# budget: GPT-2 at 50% 4.103 s against 4.111 s, ResNet-152 at 50% 4.187 s against 4.232 s).
-SWAP_HEURISTICS = (("g10", {}), ("lms", {}))
-HOST_HEURISTICS = (("g10", {"ssd": False}), ("lms", {}))
+# budget: GPT-2 at 50% 4.103 s against 4.111 s, ResNet-152 at 50% 4.187 s against 4.232 s;
+# autoswap, host only, faster than both on GPT-2 at 30%, ResNet-50 and ResNet-152, and the only
+# one of the three that fits VGG-16 at 30%, in 0.2-3 s of the solver's time).
+SWAP_HEURISTICS = (("g10", {}), ("lms", {}), ("autoswap", {}))
+HOST_HEURISTICS = (("g10", {"ssd": False}), ("lms", {}), ("autoswap", {}))
 
 
 def best_heuristic(profile, hardware, budget: int, heuristics: tuple[tuple[str, dict], ...], options: RunOptions):
@@ -257,7 +259,7 @@ def _recomputes_that_fit(form: Formulation, moved: dict, redone: set[int]) -> se
 
 
 def best_start(form: Formulation, sim, budget: int, heuristic, limit: float, threads: int, notes: dict,
-               given: np.ndarray | None = None):
+               given: np.ndarray | None = None, copy_start: bool = False):
     """The start HiGHS gets (a MIP start): the heuristic plan's moves and recomputes as
     this model's choices (``Formulation.choices_of_plan``, releases read off the plan's
     simulated timeline), with moves added or widened where the model needs more memory
@@ -265,7 +267,9 @@ def best_start(form: Formulation, sim, budget: int, heuristic, limit: float, thr
     express, such as g10's weights that start in host memory), each copy placed and
     each step timed by an LP (``Formulation.priced``); or ``given`` (a smaller model's
     solution), or the greedy start (``Formulation.start``), priced too, whichever the
-    model times fastest (the first of equals). Notes: ``start`` (which), ``start_model_us``
+    model times fastest (the first of equals). ``copy_start``: fetch positions read off
+    the prefetches' copies (where the model has the heuristic's own positions: refine.py
+    ``at_positions_of``). Notes: ``start`` (which), ``start_model_us``
     and, for the heuristic's, how many of its moves the model has (``start_moves``)."""
     tried = []
     if heuristic is not None and heuristic.actions:
@@ -273,7 +277,7 @@ def best_start(form: Formulation, sim, budget: int, heuristic, limit: float, thr
                     actions=tuple(heuristic.actions), initial=dict(heuristic.initial or {}))
         run = sim.simulate(plan, budget, record=True)
         moved, redone, missing = form.choices_of_plan(heuristic.actions, run.timeline if run.ok else None,
-                                                      heuristic.initial)
+                                                      heuristic.initial, copy_start=copy_start)
         redone = _recomputes_that_fit(form, moved, redone)
         x = form.priced(form.values_of(form.cover(moved, redone), redone), limit, threads)
         if x is not None:

@@ -32,10 +32,12 @@ prefetch due at the recompute, as Capuchin retargets it).
 All: the MILP's objective is its predicted iteration time (the sum of step times), and
 HiGHS's dual bound is a proven lower bound on that objective for this formulation (not on
 every plan: it fixes the op order, the windows and the candidate intervals). The heuristic
-fallback (the faster simulated of g10's plan and lms's, g10 host only for tmof; for joint
-the fastest of capuchin's, g10's and lms's: common.py ``best_heuristic``, the registered
+fallback (the fastest simulated of g10's, lms's and autoswap's plans, g10 host only for tmof;
+for joint of capuchin's, g10's, lms's and autoswap's: common.py ``best_heuristic``, the registered
 planners run by name, ``heuristic`` in the notes) is planned first
-and is the solver's MIP start (common.py ``best_start``): its offload and prefetch pairs
+and is the solver's MIP start (common.py ``best_start``; for autotm and tmof the model first
+gains the positions the heuristic's moves ran at, refine.py ``at_positions_of``, so that it
+prices the start at its own timeline): its offload and prefetch pairs
 (and, for joint, its drop and recompute pairs) whose interval and tier are candidates
 become the model's choices, each release read off the heuristic's simulated timeline;
 where the model needs more memory freed than those moves free (g10 starts weights and
@@ -80,13 +82,16 @@ from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, SWAP_HEUR
                      fix_by_relaxation, lower_fastest)
 from .intervals import (MS, Formulation, candidates, decode_chains, recomputes, same_choices, slower_tiers_dominated,
                         wrap_candidates)
-from .refine import refine, round_s
+from .refine import at_positions_of, refine, round_s
 
 
 def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tiers: tuple[str, ...], window: int,
                     token: bool, gap: float | None, fallback, recompute_too: bool = False,
-                    fix_above: int = 100_000, reach: bool = False, far: int = 0, wrap: bool = False) -> Draft:
-    """Build, solve, decode and judge one swap MILP; ``fallback()`` gives the heuristic draft."""
+                    fix_above: int = 100_000, reach: bool = False, far: int = 0, wrap: bool = False,
+                    start_positions: bool = True) -> Draft:
+    """Build, solve, decode and judge one swap MILP; ``fallback()`` gives the heuristic draft.
+    ``start_positions``: the model first gains the positions the heuristic's moves ran at
+    (not for recomputes, nor in the ``reach`` model, whose positions are its own)."""
     started = time.perf_counter()
     deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
     sim = simulator_for(profile, hardware, options)
@@ -117,6 +122,11 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     backup_result = score(sim, budget, backup.actions, backup.initial)
     if backup.notes.get("heuristic"):
         notes.update(heuristic=backup.notes["heuristic"])
+    start_positions = start_positions and not recompute_too and not reach
+    if start_positions:   # the heuristic's moves at the positions it ran at: its price is then its own timeline's
+        form, grown = at_positions_of(form, sim, budget, backup.actions, backup.initial, token)
+        cands = form.cands
+        notes.update(start_positions=grown)
     given = None
     if len(tiers) > 1:
         # host moves alone first (a smaller model HiGHS solves fast): its plan starts the full one
@@ -129,7 +139,7 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
             given = form.extend(host, first.values)
             notes.update(host_only_us=first.objective / MS, host_only_gap=first.gap)
     start = best_start(form, sim, budget, backup, max(1.0, 0.1 * (deadline - time.perf_counter())), options.threads,
-                       notes, given)
+                       notes, given, copy_start=start_positions)
     left = deadline - time.perf_counter()
     rounds_s = round_s(built, left)
     limit = max(1.0, left - min(0.05 * left, 10.0) - rounds_s)   # the rest: lowering, refining
@@ -231,7 +241,7 @@ def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, windo
 @register(
     "joint",
     "One MILP over swapping to host and recomputing each idle interval (Checkmate's and OffMate's idea on "
-    "the interval formulation), with the fastest of capuchin's, g10's and lms's plans as the fallback.",
+    "the interval formulation), with the fastest of capuchin's, g10's, lms's and autoswap's plans as the fallback.",
     params=(Param("window", 20, "ops before / after a use within which a move may run", low=1, high=4096),)
     + _COMMON,
     moves_persistent=True,
