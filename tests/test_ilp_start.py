@@ -99,13 +99,13 @@ def test_a_solution_the_solver_improved_from_its_start_is_not_marked_as_the_star
     profile, hw = tiny(), machine(h2d=0.01, d2h=0.01)
     late = Draft(actions=[offload("b", "f1"), prefetch("b", "m1", "g2")], status="heuristic")
     draft = solve_swap_milp(profile, hw, BUDGET, RunOptions(time_limit=10, threads=1), tiers=("host",), window=20,
-                            token=False, gap=1e-3, fallback=lambda: late, start_positions=False)
+                            token=False, gap=1e-3, fallback=lambda: late)
     assert draft.notes["start"] == "heuristic" and draft.notes["start_model_us"] == pytest.approx(86.0)
     assert draft.notes["model_objective_us"] == pytest.approx(80.0) and "improved_start" not in draft.notes
     # read at the positions it ran at (its prefetch's copy waits for memory, R10: the fetch is read off the
     # copy's start, a position the window has) the model prices the same plan at 80 us, the solver's optimum
     draft = solve_swap_milp(profile, hw, BUDGET, RunOptions(time_limit=10, threads=1), tiers=("host",), window=20,
-                            token=False, gap=1e-3, fallback=lambda: late)
+                            token=False, gap=1e-3, fallback=lambda: late, start_positions=True)
     assert draft.notes["start_positions"] == 0 and draft.notes["start_model_us"] == pytest.approx(80.0)
     assert draft.notes["model_objective_us"] == pytest.approx(80.0)
 

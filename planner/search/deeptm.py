@@ -37,10 +37,10 @@ What it does
    halved until they can (0: every candidate); if HiGHS proves the cold model
    infeasible (the byte check ignores the model's timing), it is solved again over
    every candidate in the time left. The solution is lowered as tmof's is
-   (each prefetch queue order tried, the fastest simulated kept). The fastest of g10's
-   host-only plan, lms's and autoswap's (planner/search/ilp/common.py ``best_heuristic``;
-   the model first gains the positions its moves ran at, refine.py ``at_positions_of``) is the
-   MILP's start where the model has its moves (planner/search/ilp/common.py
+   (each prefetch queue order tried, the fastest simulated kept). The faster of g10's
+   host-only plan and lms's (planner/search/ilp/common.py ``best_heuristic``; with
+   ``start_positions`` the model first gains the positions its moves ran at, refine.py
+   ``at_positions_of``) is the MILP's start where the model has its moves (planner/search/ilp/common.py
    ``best_start``; hot tensors' moves are not, and moves are added where it needs more
    memory freed), the fallback when the solver finds nothing, and is returned instead
    only when the simulator runs it strictly faster.
@@ -314,7 +314,8 @@ def best_aggregation(sim, budget: int, actions: list[Action], initial: dict, pag
 # ----------------------------------------------------------------------------- the MILP
 
 
-def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_above: int, fallback, notes: dict):
+def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_above: int, fallback, notes: dict,
+               start_positions: bool = False):
     """tmof's solve (planner/search/ilp/planners.py ``solve_swap_milp``) over the given
     candidates: (actions, initial, status, gap, estimate)."""
     started = time.perf_counter()
@@ -335,13 +336,15 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     backup = fallback()
     backup_result = score(sim, budget, backup.actions, backup.initial)
     notes.update(heuristic=backup.notes.get("heuristic"))
-    form, grown = at_positions_of(form, sim, budget, backup.actions, backup.initial, False)
-    notes.update(start_positions=grown)
+    if start_positions:
+        form, grown = at_positions_of(form, sim, budget, backup.actions, backup.initial, False)
+        notes.update(start_positions=grown)
     left = deadline - time.perf_counter()
     limit = max(1.0, left - min(0.05 * left, 10.0))
     options.say(f"deeptm MILP: {form.model.num_cols} columns, {form.model.num_rows} rows; "
                 f"solving (limit {limit:.0f} s)")
-    start = best_start(form, sim, budget, backup, max(1.0, 0.1 * limit), options.threads, notes, copy_start=True)
+    start = best_start(form, sim, budget, backup, max(1.0, 0.1 * limit), options.threads, notes,
+                       copy_start=start_positions)
     left = deadline - time.perf_counter()
     rounds_s = round_s(built, left)
     limit = max(1.0, left - min(0.05 * left, 10.0) - rounds_s)
@@ -384,13 +387,16 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
                   Param("gap", 1e-3, "stop when the MILP's solution is proven within this relative gap",
                         low=0.0, high=1.0),
                   Param("fix_above", 100_000, "MILPs with more columns are first reduced by LP-guided fixing",
-                        low=1, high=10**9)),
+                        low=1, high=10**9),
+                  Param("start_positions", False, "add the positions the heuristic's moves ran at to the model "
+                                                  "before the solve (docs/ilp.md)")),
           moves_persistent=True,
           paper="Zhou et al., DeepTM: Efficient Tensor Management in Heterogeneous Memory for DNN Training, "
                 "IEEE TPDS 35(11), 2024",
           searches=True)
 def plan_deeptm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, hot=0.3, w_access=1.0, w_reuse=1.0,
-                w_idle=1.0, w_size=1.0, window=WINDOW, page_bytes=-1, gap=1e-3, fix_above=100_000) -> Draft:
+                w_idle=1.0, w_size=1.0, window=WINDOW, page_bytes=-1, gap=1e-3, fix_above=100_000,
+                start_positions=False) -> Draft:
     weights = {"access": w_access, "reuse": w_reuse, "idle": w_idle, "size": w_size}
     cands = candidates(profile, hardware, budget_bytes, window, ("host",))
     notes: dict = {"candidates": len(cands), "window": window}
@@ -405,7 +411,7 @@ def plan_deeptm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, hot
     gap = DEFAULT_GAP if gap is None else gap
     started = time.perf_counter()
     actions, initial, status, solved_gap, estimate = solve_cold(
-        profile, hardware, budget_bytes, cold, options, gap, fix_above, fallback, notes)
+        profile, hardware, budget_bytes, cold, options, gap, fix_above, fallback, notes, start_positions)
     if notes.get("solver") == "Infeasible" and len(cold) < len(cands):
         # the hot tensors were needed after all (the byte check is not the model's timing): every candidate
         left = (options.time_limit or DEFAULT_TIME_LIMIT) - (time.perf_counter() - started)
@@ -416,7 +422,7 @@ def plan_deeptm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, hot
             notes.pop("fallback", None)
             actions, initial, status, solved_gap, estimate = solve_cold(
                 profile, hardware, budget_bytes, cands, replace(options, time_limit=left), gap, fix_above,
-                fallback, notes)
+                fallback, notes, start_positions)
     actions, result, agg = best_aggregation(sim, budget_bytes, list(actions), initial, page_bytes)
     notes.update(agg)
     return Draft(actions=actions, initial=initial, status=status, gap=solved_gap, estimate_us=estimate, notes=notes)

@@ -186,11 +186,9 @@ def lower_fastest(profile, sim, budget: int, form: Formulation, values: np.ndarr
 
 # The heuristics the solvers start from and fall back to ((planner, parameters)): the
 # fastest simulated of them is the MIP start (lms is often faster than g10 on a swap-only
-# budget: GPT-2 at 50% 4.103 s against 4.111 s, ResNet-152 at 50% 4.187 s against 4.232 s;
-# autoswap, host only, faster than both on GPT-2 at 30%, ResNet-50 and ResNet-152, and the only
-# one of the three that fits VGG-16 at 30%, in 0.2-3 s of the solver's time).
-SWAP_HEURISTICS = (("g10", {}), ("lms", {}), ("autoswap", {}))
-HOST_HEURISTICS = (("g10", {"ssd": False}), ("lms", {}), ("autoswap", {}))
+# budget: GPT-2 at 50% 4.103 s against 4.111 s, ResNet-152 at 50% 4.187 s against 4.232 s).
+SWAP_HEURISTICS = (("g10", {}), ("lms", {}))
+HOST_HEURISTICS = (("g10", {"ssd": False}), ("lms", {}))
 
 
 def best_heuristic(profile, hardware, budget: int, heuristics: tuple[tuple[str, dict], ...], options: RunOptions):

@@ -32,12 +32,12 @@ prefetch due at the recompute, as Capuchin retargets it).
 All: the MILP's objective is its predicted iteration time (the sum of step times), and
 HiGHS's dual bound is a proven lower bound on that objective for this formulation (not on
 every plan: it fixes the op order, the windows and the candidate intervals). The heuristic
-fallback (the fastest simulated of g10's, lms's and autoswap's plans, g10 host only for tmof;
-for joint of capuchin's, g10's, lms's and autoswap's: common.py ``best_heuristic``, the registered
+fallback (the faster simulated of g10's plan and lms's, g10 host only for tmof; for joint
+the fastest of capuchin's, g10's and lms's: common.py ``best_heuristic``, the registered
 planners run by name, ``heuristic`` in the notes) is planned first
-and is the solver's MIP start (common.py ``best_start``; for autotm and tmof the model first
-gains the positions the heuristic's moves ran at, refine.py ``at_positions_of``, so that it
-prices the start at its own timeline): its offload and prefetch pairs
+and is the solver's MIP start (common.py ``best_start``; with ``start_positions``, autotm and
+tmof, the model first gains the positions the heuristic's moves ran at, refine.py
+``at_positions_of``, so that it prices the start at its own timeline): its offload and prefetch pairs
 (and, for joint, its drop and recompute pairs) whose interval and tier are candidates
 become the model's choices, each release read off the heuristic's simulated timeline;
 where the model needs more memory freed than those moves free (g10 starts weights and
@@ -88,7 +88,7 @@ from .refine import at_positions_of, refine, round_s
 def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tiers: tuple[str, ...], window: int,
                     token: bool, gap: float | None, fallback, recompute_too: bool = False,
                     fix_above: int = 100_000, reach: bool = False, far: int = 0, wrap: bool = False,
-                    start_positions: bool = True) -> Draft:
+                    start_positions: bool = False) -> Draft:
     """Build, solve, decode and judge one swap MILP; ``fallback()`` gives the heuristic draft.
     ``start_positions``: the model first gains the positions the heuristic's moves ran at
     (not for recomputes, nor in the ``reach`` model, whose positions are its own)."""
@@ -203,19 +203,22 @@ _COMMON = (
             Param("far", 0, "release positions past the window, at ops over the budget 1, 2, 4, ... apart "
                             "(an offload queued on the link frees memory later, not never)", low=0, high=16),
             Param("initial", False, "weights and optimizer state may start the iteration in host memory, "
-                                   "fetched before their first use and written back after their last")) + _COMMON,
+                                   "fetched before their first use and written back after their last"),
+            Param("start_positions", False, "add the positions the heuristic's moves ran at to the model before "
+                                           "the solve, so that the MIP start is priced at its own timeline "
+                                           "(docs/ilp.md: faster plans on ResNet-152, slower on GPT-2)")) + _COMMON,
     moves_persistent=True,
     paper="Hildebrand et al., AutoTM: Automatic Tensor Movement in Heterogeneous Memory Systems "
           "using Integer Linear Programming, ASPLOS 2020",
     searches=True,
 )
 def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=15, ssd=True, reach=False,
-                far=0, initial=False, gap=1e-3, fix_above=100_000):
+                far=0, initial=False, start_positions=False, gap=1e-3, fix_above=100_000):
     tiers = ("host", "ssd") if ssd and hardware.ssd is not None else ("host",)
     heuristics = SWAP_HEURISTICS if "ssd" in tiers else HOST_HEURISTICS
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=tiers, window=window, token=False,
                            gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes, heuristics, options),
-                           fix_above=fix_above, reach=reach, far=far, wrap=initial)
+                           fix_above=fix_above, reach=reach, far=far, wrap=initial, start_positions=start_positions)
 
 
 @register(
@@ -225,23 +228,26 @@ def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, win
     params=(Param("window", 20, "ops before / after a use within which a move may run", low=1, high=4096),
             Param("token", False, "TMOF's contention avoidance as a constraint: never two offloads in flight "
                                   "in one step (FIFO streams already serialise them; this also forbids issuing "
-                                  "one while another runs, and makes the MILP much harder)")) + _COMMON,
+                                  "one while another runs, and makes the MILP much harder)"),
+            Param("start_positions", False, "add the positions the heuristic's moves ran at to the model before "
+                                           "the solve, so that the MIP start is priced at its own timeline "
+                                           "(docs/ilp.md: faster plans on ResNet-152, slower on GPT-2)")) + _COMMON,
     moves_persistent=True,
     paper="Lin et al., TMOF: tensor movement orchestration, HPCA 2023 (formulation not public: "
           "this one is written in its spirit)",
     searches=True,
 )
-def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, token=False, gap=1e-3,
-              fix_above=100_000):
+def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, token=False,
+              start_positions=False, gap=1e-3, fix_above=100_000):
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=token,
                            gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes, HOST_HEURISTICS, options),
-                           fix_above=fix_above)
+                           fix_above=fix_above, start_positions=start_positions)
 
 
 @register(
     "joint",
     "One MILP over swapping to host and recomputing each idle interval (Checkmate's and OffMate's idea on "
-    "the interval formulation), with the fastest of capuchin's, g10's, lms's and autoswap's plans as the fallback.",
+    "the interval formulation), with the fastest of capuchin's, g10's and lms's plans as the fallback.",
     params=(Param("window", 20, "ops before / after a use within which a move may run", low=1, high=4096),)
     + _COMMON,
     moves_persistent=True,
