@@ -6,7 +6,7 @@ import pytest
 from planner.core.api import make_plan, simulator_for
 from planner.core.registry import RunOptions
 from planner.search.ilp.intervals import Formulation, candidates, predicted_us
-from planner.search.ilp.refine import at_positions_of, observed_positions, with_positions
+from planner.search.ilp.refine import at_positions_of, observed_positions, unheld_moves, with_positions
 from simulator.plan import Plan, offload, prefetch
 from tests.conftest import make_profile
 from tests.engine_helpers import machine
@@ -112,3 +112,44 @@ def test_start_positions_price_the_heuristics_plan_at_its_own_timeline(planner):
     assert on["heuristic_us"] == pytest.approx(170.0) and "fallback" not in on
     assert on["model_objective_us"] == pytest.approx(on["simulated_us"]) == pytest.approx(170.0)
     assert ("fallback" in off) == (planner == "deeptm")
+
+
+def _long_gap_with_a_small_tensor():
+    # _long_gap at 100x the bytes, with s (5 B) made by p and read by r1 and u13 like t: the largest excess over
+    # a budget 9,000 B under the peak makes 9 B the smallest candidate tensor (SMALL), so s has none
+    tensors = {"t": (10_000, "activation"), "s": (5, "activation"), "w": (12_000, "activation"),
+               "out": (1, "activation")}
+    ops = [("p", "forward", 10.0, [], ["t", "s"])]
+    for k in range(1, 14):
+        tensors[f"c{k}"] = (2, "activation")
+        name = {1: "r1", 13: "u13"}.get(k, f"i{k}")
+        ins = (["t", "s"] if k in (1, 13) else []) + ([f"c{k - 1}"] if k > 1 else []) + (["w"] if k == 9 else [])
+        outs = [f"c{k}"] + (["w"] if k == 8 else [])
+        ops.append((name, "forward" if k < 8 else "backward", 10.0, ins, outs))
+    ops.append(("end", "backward", 10.0, ["c13"], ["out"]))
+    return make_profile(tensors, ops, "ilp-long-gap-small")
+
+
+def test_a_heuristics_moves_of_small_tensors_gain_candidates_at_their_positions():
+    profile, hw = _long_gap_with_a_small_tensor(), machine(h2d=0.2, d2h=0.2)
+    budget = max(profile.resident_bytes) - 9_000
+    form = Formulation(profile, hw, budget, candidates(profile, hw, budget, 2, ("host",)))
+    assert {c.tensor for c in form.cands} == {"t"}
+    actions = [offload("t", "r1"), offload("s", "r1"), prefetch("t", "i11", "u13"), prefetch("s", "i11", "u13")]
+    assert unheld_moves(form, actions) == {("s", 13, "host")}
+    sim = simulator_for(profile, hw)
+    grown_form, grown = at_positions_of(form, sim, budget, actions, {}, False, window=2)
+    assert {c.tensor for c in grown_form.cands} == {"t", "s"} and grown >= 1
+    assert unheld_moves(grown_form, actions) == set()
+    run = sim.simulate(Plan(profile_name=profile.name, profile_sha256=sim.compiled.sha256, actions=tuple(actions)),
+                       budget, record=True)
+    moved, _, missing = grown_form.choices_of_plan(actions, run.timeline, copy_start=True)
+    assert missing == 0 and len(moved) == 2
+
+    def price(f):
+        moved, redone, _ = f.choices_of_plan(actions, run.timeline, copy_start=True)
+        return predicted_us(f, f.priced(f.values_of(f.cover(moved, redone), redone), 10, 1))
+    # without s's candidate the model holds t's move alone, at the window's release (op 4): 220 us; with both
+    # at the positions they ran at, the plan's simulated 190 us
+    assert price(form) == pytest.approx(220.0)
+    assert price(grown_form) == pytest.approx(run.iteration_us, rel=1e-3) and run.iteration_us < 200.0

@@ -315,7 +315,7 @@ def best_aggregation(sim, budget: int, actions: list[Action], initial: dict, pag
 
 
 def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_above: int, fallback, notes: dict,
-               start_positions: bool = False):
+               start_positions: bool = False, window: int | None = None):
     """tmof's solve (planner/search/ilp/planners.py ``solve_swap_milp``) over the given
     candidates: (actions, initial, status, gap, estimate)."""
     started = time.perf_counter()
@@ -337,7 +337,7 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     backup_result = score(sim, budget, backup.actions, backup.initial)
     notes.update(heuristic=backup.notes.get("heuristic"))
     if start_positions:
-        form, grown = at_positions_of(form, sim, budget, backup.actions, backup.initial, False)
+        form, grown = at_positions_of(form, sim, budget, backup.actions, backup.initial, False, window)
         notes.update(start_positions=grown)
     left = deadline - time.perf_counter()
     limit = max(1.0, left - min(0.05 * left, 10.0))
@@ -411,7 +411,7 @@ def plan_deeptm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, hot
     gap = DEFAULT_GAP if gap is None else gap
     started = time.perf_counter()
     actions, initial, status, solved_gap, estimate = solve_cold(
-        profile, hardware, budget_bytes, cold, options, gap, fix_above, fallback, notes, start_positions)
+        profile, hardware, budget_bytes, cold, options, gap, fix_above, fallback, notes, start_positions, window)
     if notes.get("solver") == "Infeasible" and len(cold) < len(cands):
         # the hot tensors were needed after all (the byte check is not the model's timing): every candidate
         left = (options.time_limit or DEFAULT_TIME_LIMIT) - (time.perf_counter() - started)
@@ -422,7 +422,7 @@ def plan_deeptm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, hot
             notes.pop("fallback", None)
             actions, initial, status, solved_gap, estimate = solve_cold(
                 profile, hardware, budget_bytes, cands, replace(options, time_limit=left), gap, fix_above,
-                fallback, notes, start_positions)
+                fallback, notes, start_positions, window)
     actions, result, agg = best_aggregation(sim, budget_bytes, list(actions), initial, page_bytes)
     notes.update(agg)
     return Draft(actions=actions, initial=initial, status=status, gap=solved_gap, estimate_us=estimate, notes=notes)

@@ -111,7 +111,7 @@ class Candidate:
 
 
 def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tuple[str, ...],
-               min_bytes: int = 1, reach: bool = False, far: int = 0) -> list[Candidate]:
+               min_bytes: int = 1, reach: bool = False, far: int = 0, only=None) -> list[Candidate]:
     """Every idle interval, per allowed tier, that could take its tensor off the GPU
     during an op over the budget (at least 4 ops apart: one step to write it out, one
     op away, one step to read it back), of a tensor at least ``SMALL`` of the largest
@@ -119,16 +119,17 @@ def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tupl
     other than host only where the interval is longer than its two copies: elsewhere a
     host move is faster (host capacity is the simulator's to check, R19). ``reach``: the
     release and fetch positions reach past the window to the interval's ops over the
-    budget (``windows``)."""
+    budget (``windows``). ``only``: these tensors alone, whatever their size (a given
+    plan's moves)."""
     resident = np.asarray(profile.resident_bytes, dtype=np.int64)
-    min_bytes = least_bytes(resident, budget, min_bytes)
+    min_bytes = least_bytes(resident, budget, min_bytes) if only is None else 1
     over = np.concatenate(([0], np.cumsum(resident > budget)))
     over_at = np.flatnonzero(resident > budget).tolist()
     starts = op_start_us(profile)
     speeds = {(d, t): link_speed(hardware, d, t) for d in ("offload", "prefetch") for t in tiers}
     found = []
     for tensor in profile.tensors:
-        if tensor.bytes < min_bytes:
+        if tensor.bytes < min_bytes or (only is not None and tensor.id not in only):
             continue
         for gap in idle_gaps(profile, tensor.id, starts):
             a, b = gap.after, gap.before

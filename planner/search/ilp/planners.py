@@ -124,7 +124,7 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
         notes.update(heuristic=backup.notes["heuristic"])
     start_positions = start_positions and not recompute_too and not reach
     if start_positions:   # the heuristic's moves at the positions it ran at: its price is then its own timeline's
-        form, grown = at_positions_of(form, sim, budget, backup.actions, backup.initial, token)
+        form, grown = at_positions_of(form, sim, budget, backup.actions, backup.initial, token, window)
         cands = form.cands
         notes.update(start_positions=grown)
     given = None
