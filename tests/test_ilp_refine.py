@@ -12,19 +12,23 @@ from tests.conftest import make_profile
 from tests.engine_helpers import machine
 
 
-def _long_gap():
+def _long_gap(scale: int = 1, small: int | None = None):
     # t (50 B) made by p (op 0), read by r1 (op 1), idle over i2 .. i12, read by u13; i8 makes w (60 B), read
     # by i9: the peak is at ops 8 and 9, where t must be away. Every op takes 10 us; each makes a small c.
-    tensors = {"t": (50, "activation"), "w": (60, "activation"), "out": (1, "activation")}
-    ops = [("p", "forward", 10.0, [], ["t"])]
+    # ``scale`` multiplies t's and w's bytes; ``small``: a tensor s of that many bytes, made and read as t is
+    tensors = {"t": (50 * scale, "activation"), "w": (60 * scale, "activation"), "out": (1, "activation")}
+    pair = ["t"] + (["s"] if small else [])
+    if small:
+        tensors["s"] = (small, "activation")
+    ops = [("p", "forward", 10.0, [], list(pair))]
     for k in range(1, 14):
         tensors[f"c{k}"] = (2, "activation")
         name = {1: "r1", 13: "u13"}.get(k, f"i{k}")
-        ins = (["t"] if k in (1, 13) else []) + ([f"c{k - 1}"] if k > 1 else []) + (["w"] if k == 9 else [])
+        ins = (list(pair) if k in (1, 13) else []) + ([f"c{k - 1}"] if k > 1 else []) + (["w"] if k == 9 else [])
         outs = [f"c{k}"] + (["w"] if k == 8 else [])
         ops.append((name, "forward" if k < 8 else "backward", 10.0, ins, outs))
     ops.append(("end", "backward", 10.0, ["c13"], ["out"]))
-    return make_profile(tensors, ops, "ilp-long-gap")
+    return make_profile(tensors, ops, "ilp-long-gap" + ("-small" if small else ""))
 
 
 def test_the_positions_a_plan_ran_at_are_added_and_the_model_then_times_it_as_simulated():
@@ -114,24 +118,10 @@ def test_start_positions_price_the_heuristics_plan_at_its_own_timeline(planner):
     assert ("fallback" in off) == (planner == "deeptm")
 
 
-def _long_gap_with_a_small_tensor():
-    # _long_gap at 100x the bytes, with s (5 B) made by p and read by r1 and u13 like t: the largest excess over
-    # a budget 9,000 B under the peak makes 9 B the smallest candidate tensor (SMALL), so s has none
-    tensors = {"t": (10_000, "activation"), "s": (5, "activation"), "w": (12_000, "activation"),
-               "out": (1, "activation")}
-    ops = [("p", "forward", 10.0, [], ["t", "s"])]
-    for k in range(1, 14):
-        tensors[f"c{k}"] = (2, "activation")
-        name = {1: "r1", 13: "u13"}.get(k, f"i{k}")
-        ins = (["t", "s"] if k in (1, 13) else []) + ([f"c{k - 1}"] if k > 1 else []) + (["w"] if k == 9 else [])
-        outs = [f"c{k}"] + (["w"] if k == 8 else [])
-        ops.append((name, "forward" if k < 8 else "backward", 10.0, ins, outs))
-    ops.append(("end", "backward", 10.0, ["c13"], ["out"]))
-    return make_profile(tensors, ops, "ilp-long-gap-small")
-
-
 def test_a_heuristics_moves_of_small_tensors_gain_candidates_at_their_positions():
-    profile, hw = _long_gap_with_a_small_tensor(), machine(h2d=0.2, d2h=0.2)
+    # _long_gap at 200x the bytes, with s (5 B) made and read as t: the largest excess over a budget 9,000 B
+    # under the peak makes 9 B the smallest candidate tensor (SMALL), so s has none
+    profile, hw = _long_gap(scale=200, small=5), machine(h2d=0.2, d2h=0.2)
     budget = max(profile.resident_bytes) - 9_000
     form = Formulation(profile, hw, budget, candidates(profile, hw, budget, 2, ("host",)))
     assert {c.tensor for c in form.cands} == {"t"}
