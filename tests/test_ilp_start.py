@@ -8,13 +8,14 @@ import pytest
 
 from planner.core.api import make_plan, simulator_for
 from planner.core.registry import Draft, RunOptions
-from planner.search.ilp.common import best_start, offload_points, to_actions
+from planner.search.ilp.common import best_heuristic, best_start, offload_points, short_op, to_actions
 from planner.search.ilp.intervals import MS, Candidate, Chosen, Formulation, candidates, predicted_us
 from planner.search.ilp.planners import solve_swap_milp
 from simulator.plan import Plan, offload, prefetch
 from tests.conftest import make_profile
 from tests.engine_helpers import machine
 from tests.test_ilp import tiny
+from tests.test_ilp_refine import _long_gap
 
 BUDGET = 163
 
@@ -274,3 +275,28 @@ def test_the_start_keeps_the_heuristics_recomputes_the_model_can_hold():
     both = {kx, ks}
     assert _recomputes_that_fit(form, {}, both) == both
     assert form.priced(form.values_of(form.cover({}, both), both), 10, 1) is not None
+
+
+def test_the_last_resort_heuristic_runs_only_when_none_of_the_pool_runs():
+    profile, hw = tiny(), machine(h2d=0.01, d2h=0.01)
+    options = RunOptions(time_limit=10, threads=1)
+    # "none" does not fit BUDGET (below the peak): lms, the last resort, is planned and returned
+    draft = best_heuristic(profile, hw, BUDGET, (("none", {}),), options, last_resort=(("lms", {}),))()
+    assert draft.notes["heuristic"] == "lms" and draft.actions
+    # lms fits: the last resort is never planned (an unknown name would raise if it were)
+    draft = best_heuristic(profile, hw, BUDGET, (("lms", {}),), options, last_resort=(("no-such-planner", {}),))()
+    assert draft.notes["heuristic"] == "lms"
+
+
+def test_an_infeasible_model_names_the_op_no_move_can_relieve():
+    # _long_gap: t (50 B) may be off the GPU at ops 3-11 (its window positions); w (60 B) is made by i8 and read
+    # by i9, so nothing else can leave at op 8. With a budget 60 B under op 8's resident bytes, moving t
+    # frees 50 of them: 10 B short there, and the solver falls back naming the op
+    profile, hw = _long_gap(), machine(h2d=0.001, d2h=0.001)
+    budget = int(profile.resident_bytes[8]) - 60
+    form = Formulation(profile, hw, budget, candidates(profile, hw, budget, 2, ("host",)))
+    assert [c.tensor for c in form.cands] == ["t"] and form.over_ops[0] <= 8
+    assert short_op(form) == ("i8", 10)
+    draft = solve_swap_milp(profile, hw, budget, RunOptions(time_limit=10, threads=1), tiers=("host",), window=2,
+                            token=False, gap=1e-3, fallback=lambda: Draft(actions=[], status="heuristic"))
+    assert draft.status == "heuristic" and "at op 'i8', 10 bytes more than every move" in draft.notes["fallback"]

@@ -34,7 +34,8 @@ HiGHS's dual bound is a proven lower bound on that objective for this formulatio
 every plan: it fixes the op order, the windows and the candidate intervals). The heuristic
 fallback (the faster simulated of g10's plan and lms's, g10 host only for tmof; for joint
 the fastest of capuchin's, g10's and lms's: common.py ``best_heuristic``, the registered
-planners run by name, ``heuristic`` in the notes) is planned first
+planners run by name, ``heuristic`` in the notes; autoswap's when none of those runs,
+common.py ``LAST_RESORT``) is planned first
 and is the solver's MIP start (common.py ``best_start``; with ``start_positions``, autotm and
 tmof, the model first gains the positions the heuristic's moves ran at, refine.py
 ``at_positions_of``, so that it prices the start at its own timeline): its offload and prefetch pairs
@@ -79,7 +80,7 @@ import time
 from ...core.api import score, simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
 from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, SWAP_HEURISTICS, best_heuristic, best_start,
-                     fix_by_relaxation, lower_fastest)
+                     fix_by_relaxation, lower_fastest, short_op)
 from .intervals import (MS, Formulation, candidates, decode_chains, recomputes, same_choices, slower_tiers_dominated,
                         wrap_candidates)
 from .refine import at_positions_of, refine, round_s
@@ -156,6 +157,10 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     if solution.values is None:
         why = "no plan within the model's rules fits the budget" if solution.model_status == "Infeasible" \
             else "the solver found no solution in time"
+        short = short_op(form) if solution.model_status == "Infeasible" else None
+        if short is not None:
+            why += (f" (at op {short[0]!r}, {short[1]} bytes more than every move and recompute the model has can "
+                    f"free: the model keeps a tensor on the GPU at the ops next to its uses)")
         notes.update(fallback=f"{why}: the heuristic plan")
         return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", notes=notes)
     if start is not None and same_choices(form, start, solution.values):
