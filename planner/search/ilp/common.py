@@ -241,6 +241,17 @@ def short_op(form: Formulation) -> tuple[str, int] | None:
     return None
 
 
+def why_no_solution(form: Formulation, model_status: str) -> str:
+    """Why a solve gave no solution, for the fallback note: out of time, or an infeasible
+    model, with the op ``short_op`` finds where one does."""
+    if model_status != "Infeasible":
+        return "the solver found no solution in time"
+    short = short_op(form)
+    return "no plan within the model's rules fits the budget" + (
+        "" if short is None else f" (at op {short[0]!r}, {short[1]} bytes more than every move and recompute the "
+                                 f"model has can free: the model keeps a tensor on the GPU at the ops next to its uses)")
+
+
 def fix_by_relaxation(form: Formulation, limit: float, options: RunOptions, token: bool, notes: dict):
     """LP-guided fixing, for models too large to solve whole: solve the LP relaxation by
     IPM and keep only the candidates it moves or recomputes at all (``LP_KEEP``); the

@@ -80,7 +80,7 @@ import time
 from ...core.api import score, simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
 from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, SWAP_HEURISTICS, best_heuristic, best_start,
-                     fix_by_relaxation, lower_fastest, short_op)
+                     fix_by_relaxation, lower_fastest, why_no_solution)
 from .intervals import (MS, Formulation, candidates, decode_chains, recomputes, same_choices, slower_tiers_dominated,
                         wrap_candidates)
 from .refine import at_positions_of, refine, round_s
@@ -155,13 +155,7 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     notes.update(solver=solution.model_status,
                  mip_gap=solution.gap, model_bound_us=None if solution.bound is None else solution.bound / MS)
     if solution.values is None:
-        why = "no plan within the model's rules fits the budget" if solution.model_status == "Infeasible" \
-            else "the solver found no solution in time"
-        short = short_op(form) if solution.model_status == "Infeasible" else None
-        if short is not None:
-            why += (f" (at op {short[0]!r}, {short[1]} bytes more than every move and recompute the model has can "
-                    f"free: the model keeps a tensor on the GPU at the ops next to its uses)")
-        notes.update(fallback=f"{why}: the heuristic plan")
+        notes.update(fallback=f"{why_no_solution(form, solution.model_status)}: the heuristic plan")
         return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", notes=notes)
     if start is not None and same_choices(form, start, solution.values):
         notes.update(improved_start=False)   # the solver's plan is its MIP start's choices (``start`` says whose)
