@@ -12,10 +12,11 @@ from tests.conftest import make_profile
 from tests.engine_helpers import machine
 
 
-def _long_gap(scale: int = 1, small: int | None = None):
+def _long_gap(scale: int = 1, small: int | None = None, late: int | None = None):
     # t (50 B) made by p (op 0), read by r1 (op 1), idle over i2 .. i12, read by u13; i8 makes w (60 B), read
     # by i9: the peak is at ops 8 and 9, where t must be away. Every op takes 10 us; each makes a small c.
-    # ``scale`` multiplies t's and w's bytes; ``small``: a tensor s of that many bytes, made and read as t is
+    # ``scale`` multiplies t's and w's bytes; ``small``: a tensor s of that many bytes, made and read as t is;
+    # ``late``: a tensor y of that many bytes made by i11 and read by i12 alone
     tensors = {"t": (50 * scale, "activation"), "w": (60 * scale, "activation"), "out": (1, "activation")}
     pair = ["t"] + (["s"] if small else [])
     if small:
@@ -25,10 +26,13 @@ def _long_gap(scale: int = 1, small: int | None = None):
         tensors[f"c{k}"] = (2, "activation")
         name = {1: "r1", 13: "u13"}.get(k, f"i{k}")
         ins = (list(pair) if k in (1, 13) else []) + ([f"c{k - 1}"] if k > 1 else []) + (["w"] if k == 9 else [])
-        outs = [f"c{k}"] + (["w"] if k == 8 else [])
+        outs = [f"c{k}"] + (["w"] if k == 8 else []) + (["y"] if late and k == 11 else [])
+        ins += ["y"] if late and k == 12 else []
         ops.append((name, "forward" if k < 8 else "backward", 10.0, ins, outs))
     ops.append(("end", "backward", 10.0, ["c13"], ["out"]))
-    return make_profile(tensors, ops, "ilp-long-gap" + ("-small" if small else ""))
+    if late:
+        tensors["y"] = (late, "activation")
+    return make_profile(tensors, ops, "ilp-long-gap" + ("-small" if small else "") + ("-late" if late else ""))
 
 
 def test_the_positions_a_plan_ran_at_are_added_and_the_model_then_times_it_as_simulated():

@@ -136,7 +136,7 @@ def test_the_heuristic_is_returned_when_strictly_faster(monkeypatch):
 
 
 def test_reach_positions_are_ops_over_the_budget_and_the_model_still_finds_the_optimum():
-    from planner.search.ilp.intervals import windows
+    from planner.search.ilp.positions import windows
     # positions only at ops over the budget, the first `window` all, then spaced out to the last
     release, fetch = windows(20, 600, 15, list(range(184, 336)))
     assert release[:15] == tuple(range(184, 199)) and release[-1] == 335 and len(release) < 25
@@ -198,7 +198,7 @@ def test_ssd_moves_are_left_out_when_host_memory_holds_every_candidate():
 
 
 def test_far_positions_reach_the_ops_over_the_budget_past_the_window():
-    from planner.search.ilp.intervals import early_fetches, late_releases, log_spaced
+    from planner.search.ilp.positions import early_fetches, late_releases, log_spaced
     assert log_spaced(10, 3) == [0, 1, 3] and log_spaced(3, 5) == [0, 1, 2] and log_spaced(0, 3) == []
     over = [20, 21, 22, 23, 24, 30, 40]
     # releases past a window ending at op 12, before the first fetch position 35: over ops 20, 21, 23
@@ -300,3 +300,24 @@ def test_an_infeasible_model_names_the_op_no_move_can_relieve():
     draft = solve_swap_milp(profile, hw, budget, RunOptions(time_limit=10, threads=1), tiers=("host",), window=2,
                             token=False, gap=1e-3, fallback=lambda: Draft(actions=[], status="heuristic"))
     assert draft.status == "heuristic" and "at op 'i8', 10 bytes more than every move" in draft.notes["fallback"]
+
+
+@pytest.mark.parametrize("planner", ["autotm", "tmof"])
+def test_a_use_may_wait_for_its_prefetch_where_the_window_holds_no_plan(planner):
+    # _long_gap with y (60 B) made by i11 and read by i12: at i12 t (50 B) must be off the GPU, but the window
+    # fetches it after i11 at the latest (resident at i12): no plan in the window's model. With a synchronous
+    # fetch position (after i12, u13 waits) the model has one: 15 ops of 10 us and u13 waiting for t's 50 us
+    # copy (1 B/us), 200 us, as simulated
+    profile, hw = _long_gap(late=60), machine(h2d=0.001, d2h=0.001)
+    budget = int(profile.resident_bytes[12]) - 50
+    form = Formulation(profile, hw, budget, candidates(profile, hw, budget, 2, ("host",)))
+    assert short_op(form) == ("i12", 50)
+    synced = Formulation(profile, hw, budget, candidates(profile, hw, budget, 2, ("host",), sync=True))
+    assert [c.fetch for c in synced.cands] == [(10, 11, 12)] and synced.cands[0].synchronous
+    assert short_op(synced) is None
+    planned = make_plan(profile, hw, budget, planner, {"window": 2}, options=RunOptions(time_limit=10, threads=1))
+    notes = planned.plan.planner.notes
+    assert notes["synchronous_fetches"] == 1 and "fallback" not in notes
+    assert planned.result.ok and planned.result.iteration_us == pytest.approx(200.0)
+    assert notes["model_objective_us"] == pytest.approx(200.0)
+    assert [(a.kind, a.after) for a in planned.plan.actions if a.tensor == "t"][-1] == ("prefetch", "i12")

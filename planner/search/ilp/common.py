@@ -222,22 +222,25 @@ def best_heuristic(profile, hardware, budget: int, heuristics: tuple[tuple[str, 
 
 def short_op(form: Formulation) -> tuple[str, int] | None:
     """The first op over the budget that even every candidate move and recompute off the
-    GPU together cannot bring under it (each tensor counted once), and by how many bytes:
-    why a model is infeasible, where one op says it (a tensor is back on the GPU from the
-    op before its next use and leaves after the op after its last, ``windows``); None
-    when every op could be relieved on its own."""
-    resident = form.profile.resident_bytes
+    GPU together cannot bring under it (each idle interval counted once), and by how many
+    bytes: why a model is infeasible, where one op says it (a tensor is back on the GPU
+    from the op before its next use and leaves after the op after its last, ``windows``);
+    None when every op could be relieved on its own."""
+    spans: dict[tuple[str, int, int], tuple[int, int, int]] = {}   # an idle interval: ops it may be off, bytes
+    for lo, hi, key, nbytes in ([(c.span.start, c.span.stop, (c.tensor, c.after, c.before), c.nbytes)
+                                 for c in form.cands]
+                                + [(r.after + 1, r.before, (r.tensor, r.after, r.before), r.nbytes) for r in form.redo]):
+        old = spans.get(key, (lo, hi, nbytes))
+        spans[key] = (min(old[0], lo), max(old[1], hi), nbytes)
+    free = np.zeros(form.n + 1, dtype=np.int64)
+    for lo, hi, nbytes in spans.values():
+        free[lo] += nbytes
+        free[hi] -= nbytes
+    free = np.cumsum(free)[:form.n]
+    resident = np.asarray(form.profile.resident_bytes, dtype=np.int64)
     for i in form.over_ops:
-        free: dict[str, int] = {}
-        for c in form.cands:
-            if i in c.span:
-                free[c.tensor] = max(free.get(c.tensor, 0), c.nbytes)
-        for r in form.redo:
-            if r.after < i < r.before:
-                free[r.tensor] = max(free.get(r.tensor, 0), r.nbytes)
-        short = resident[i] - sum(free.values()) - form.budget
-        if short > 0:
-            return form.profile.ops[i].id, int(short)
+        if resident[i] - free[i] > form.budget:
+            return form.profile.ops[i].id, int(resident[i] - free[i] - form.budget)
     return None
 
 

@@ -39,6 +39,7 @@ from simulator.profile import Profile
 
 from ...core.analysis import idle_gaps, op_start_us, touches
 from ...core.highs import Model
+from .positions import chunks, early_fetches, late_releases, windows
 
 MS = 1e-3     # the model's time unit is the millisecond (coefficients near 1); memory rows
               # are in units of the largest excess over the budget
@@ -106,12 +107,20 @@ class Candidate:
         there or earlier); a longer stretch in pieces of 1, 1, 2, 4, ... steps from its
         end (the next use)."""
         edges = tuple(f + 1 for f in self.fetch) + (self.before,)
+        sync = ((self.before, self.before + 1, len(self.fetch) - 1),) if self.synchronous else ()
         return tuple((p, q, s) for s in range(len(self.fetch))
-                     for p, q in chunks(edges[s], edges[s + 1], early=False))
+                     for p, q in chunks(edges[s], edges[s + 1], early=False)) + sync
+
+    @property
+    def synchronous(self) -> bool:
+        """Whether the last fetch position is the op before the next use (``candidates(sync=True)``):
+        the prefetch then runs while the use waits for it (its piece, the last, in step ``before``)."""
+        return bool(self.fetch) and self.fetch[-1] == self.before - 1 and not self.wraps
 
 
 def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tuple[str, ...],
-               min_bytes: int = 1, reach: bool = False, far: int = 0, only=None) -> list[Candidate]:
+               min_bytes: int = 1, reach: bool = False, far: int = 0, only=None,
+               sync: bool = False) -> list[Candidate]:
     """Every idle interval, per allowed tier, that could take its tensor off the GPU
     during an op over the budget (at least 4 ops apart: one step to write it out, one
     op away, one step to read it back), of a tensor at least ``SMALL`` of the largest
@@ -120,7 +129,8 @@ def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tupl
     host move is faster (host capacity is the simulator's to check, R19). ``reach``: the
     release and fetch positions reach past the window to the interval's ops over the
     budget (``windows``). ``only``: these tensors alone, whatever their size (a given
-    plan's moves)."""
+    plan's moves). ``sync``: a last fetch position at the op before the next use (R10: the
+    use waits for the copy), where the model without it cannot hold the budget."""
     resident = np.asarray(profile.resident_bytes, dtype=np.int64)
     min_bytes = least_bytes(resident, budget, min_bytes) if only is None else 1
     over = np.concatenate(([0], np.cumsum(resident > budget)))
@@ -140,6 +150,8 @@ def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tupl
             if far:
                 release, fetch = release + late_releases(release[-1], inside, fetch, far), \
                     early_fetches(release[0], inside, fetch, far) + fetch
+            if sync and not reach:
+                fetch = fetch + (b - 1,)
             for tier in tiers:
                 (lat_out, rate_out), (lat_in, rate_in) = speeds["offload", tier], speeds["prefetch", tier]
                 out_us, in_us = lat_out + tensor.bytes / rate_out, lat_in + tensor.bytes / rate_in
@@ -206,79 +218,6 @@ def wrap_candidates(profile: Profile, hardware, budget: int, window: int, far: i
     return found
 
 
-REACH_GROWTH = 1.5   # past the first ``window`` ops over the budget, positions this much farther apart
-
-
-def windows(a: int, b: int, window: int, over: list[int] | None = None) -> tuple[tuple, tuple]:
-    """The release and fetch positions of the idle interval (a, b). Without ``over``, the
-    paper's window: the ``window`` ops after a+1 and before b-1. With ``over`` (the
-    interval's ops over the budget, a+2 .. b-2), positions only at those ops, as far
-    as the interval reaches: a release at another op frees memory at the same ops over
-    the budget as one at the next op over it, with less time to copy; a fetch at another
-    op takes memory back at the same ones as one at the op over it before, later. The
-    first ``window`` of them after the last use (releases) and before the next
-    (fetches) are all positions, the rest spaced out (``spaced``), the last (first) one
-    included. Positions are increasing tuples; the model reads Y and Z between two
-    positions as at the earlier one (``Formulation.Y``), and a copy runs in pieces
-    between them (``Candidate.out_pieces``)."""
-    if over is None:
-        release = tuple(range(a + 2, min(a + 1 + window, b - 2) + 1))
-        fetch = tuple(range(max(a + 2, b - 1 - window), b - 1))
-        return release, fetch
-    release = tuple(over[k] for k in spaced(len(over), window))
-    fetch = tuple(sorted(over[len(over) - 1 - k] for k in spaced(len(over), window)))
-    return release, fetch
-
-
-def late_releases(last: int, over: list[int], fetch: tuple, far: int) -> tuple:
-    """Up to ``far`` release positions past the window, at the interval's ops over the
-    budget after ``last`` and before its first fetch position: the 1st, 2nd, 4th, 8th,
-    ... of them (``log_spaced``). An offload queued behind others on the link still frees
-    memory at the ops over the budget it reaches (the simulator frees it when the copy ends, R11); within the
-    window alone the model must stretch steps to finish it."""
-    beyond = [i for i in over if last < i < fetch[0]]
-    return tuple(beyond[k] for k in log_spaced(len(beyond), far))
-
-
-def early_fetches(first: int, over: list[int], fetch: tuple, far: int) -> tuple:
-    """Up to ``far`` fetch positions before the window, at the interval's ops over the
-    budget from ``first`` on: the 1st, 2nd, 4th, ... of them counting back from the
-    window. A prefetch issued there takes memory back from the next op (as one issued at any op
-    up to the next op over the budget would), and has that much longer to run."""
-    before = [i for i in over if first <= i < fetch[0]]
-    return tuple(sorted(before[len(before) - 1 - k] for k in log_spaced(len(before), far)))
-
-
-def log_spaced(n: int, count: int) -> list[int]:
-    """Up to ``count`` indexes of 0 .. n-1, doubling: 0, 1, 3, 7, ... (n-1 at most)."""
-    if n <= 0 or count <= 0:
-        return []
-    return sorted({min(n - 1, 2 ** k - 1) for k in range(count)})
-
-
-def spaced(n: int, dense: int) -> list[int]:
-    """Indexes 0 .. n-1: the first ``dense`` all, then each ``REACH_GROWTH`` times as far
-    from 0 as the one before, and n-1."""
-    picked = list(range(min(n, dense)))
-    k = max(dense, 1)
-    while k < n - 1:
-        picked.append(k)
-        k = max(k + 1, int(np.ceil(k * REACH_GROWTH)))
-    if n - 1 not in picked:
-        picked.append(n - 1)
-    return sorted(set(picked))
-
-
-def chunks(start: int, stop: int, early: bool) -> list[tuple[int, int]]:
-    """The steps start .. stop-1 in pieces of 1, 1, 2, 4, ... steps from the ``early`` end
-    (else from the late one): fine where a copy is most likely to run."""
-    out, size, at = [], 1, 0
-    while at < stop - start:
-        length = min(size, stop - start - at)
-        out.append((start + at, start + at + length) if early else (stop - at - length, stop - at))
-        at += length
-        size = 1 if at == 1 else 2 * size
-    return out if early else out[::-1]
 
 
 @dataclass(frozen=True)
@@ -573,6 +512,11 @@ class Formulation:
             index, value = by_op.setdefault(r.before, ([], []))
             index.append(self.Q + k)
             value.append(-r.cost_us * MS)
+        for c, col in zip(self.cands, self.cols):   # a synchronous prefetch: its use waits for it
+            if c.synchronous:
+                index, value = by_op.setdefault(c.before, ([], []))
+                index.append(col.v + len(c.in_pieces) - 1)
+                value.append(-1.0)
         ops = self.profile.ops
         for (at, tid), w in self.chains.items():
             index, value = by_op.setdefault(at, ([], []))

@@ -9,7 +9,8 @@ memory at every kernel; each kernel's time the larger of its compute and the cop
 overlapped with it. Departures: a tensor's location is chosen per idle interval, not by
 a flow network (equivalent for moves that go out and come back once per interval);
 synchronous moves are the window's edge cases (release two ops after the last use,
-prefetch issued right before the next); the write-once saving for read-only tensors is
+prefetch issued right before the next; where the window's model has no plan, a fetch position
+at the op before the use, which waits for the copy: ``candidates(sync=True)``); the write-once saving for read-only tensors is
 not modelled (every moved interval is written out, R16 makes that exact for tensors
 updated in place); a weight or optimizer state starts the iteration in host memory only
 where an op over the budget comes before its first touch (``initial``, off by default; a wrap candidate:
@@ -80,7 +81,7 @@ import time
 from ...core.api import score, simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
 from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, SWAP_HEURISTICS, best_heuristic, best_start,
-                     fix_by_relaxation, lower_fastest, why_no_solution)
+                     fix_by_relaxation, lower_fastest, short_op, why_no_solution)
 from .intervals import (MS, Formulation, candidates, decode_chains, recomputes, same_choices, slower_tiers_dominated,
                         wrap_candidates)
 from .refine import at_positions_of, refine, round_s
@@ -109,6 +110,14 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
              "over_budget_ops": len(form.over_ops), "window": window, "reach": reach}   # no timings: plans stay byte-identical
     if not form.over_ops:
         return Draft(status="optimal", gap=0.0, estimate_us=profile.ideal_us, notes=notes)
+    if not reach and (form.uncovered or short_op(form) is not None):
+        # no plan in the window's model: let the uses wait for their prefetches (a fetch position at the op before)
+        cands = candidates(profile, hardware, budget, window, tiers, far=far, sync=True)
+        if wrap and not recompute_too:
+            cands += wrap_candidates(profile, hardware, budget, window, far)
+        form = Formulation(profile, hardware, budget, cands, one_offload_at_a_time=token, redo=redo, reach=reach)
+        notes.update(synchronous_fetches=sum(c.synchronous for c in cands), columns=form.model.num_cols,
+                     rows=form.model.num_rows)
     if form.uncovered:   # an op over the budget that no candidate interval can free memory at
         backup = fallback()
         notes.update(fallback=f"{len(form.uncovered)} ops over the budget that no interval in the model can "

@@ -1,7 +1,7 @@
 """Refinement of an interval MILP's solution against the simulator's timeline.
 
 The model knows a move's release and its prefetch only at the positions of its window
-(intervals.py ``windows``): an offload must be done within ``window`` ops of the last
+(positions.py ``windows``): an offload must be done within ``window`` ops of the last
 use, a prefetch issued within ``window`` ops of the next. The simulator lets an offload
 queued on a busy link end later and frees the memory then (R11), and starts a prefetch
 when its stream is free (R12), so a plan it runs in T seconds can cost the model far
