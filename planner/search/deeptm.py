@@ -92,7 +92,7 @@ from simulator.plan import Action
 from ..core.analysis import op_start_us, touches
 from ..core.api import score, simulator_for
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
-from .ilp.common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, best_heuristic, best_start,
+from .ilp.common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, START_POSITIONS, best_heuristic, best_start,
                          fix_by_relaxation, lower_fastest, why_no_solution)
 from .ilp.intervals import Formulation, candidates
 from .ilp.refine import at_positions_of, refine, round_s
@@ -353,7 +353,8 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
         solution = form.model.polish(solution, max(1.0, deadline - time.perf_counter()), options.threads, gap)
     notes.update(solver=solution.model_status, mip_gap=solution.gap)
     if solution.values is None:
-        notes.update(fallback=f"over the cold tensors, {why_no_solution(form, solution.model_status)}: the heuristic plan")
+        why = why_no_solution(form, solution.model_status)
+        notes.update(fallback=f"over the cold tensors, {why}: the heuristic plan")
         return backup.actions, backup.initial, "heuristic", None, None
     lowering = time.perf_counter()
     best = lower_fastest(profile, sim, budget, form, solution.values, advances=(0,))   # offloads as planners.py
@@ -388,8 +389,7 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
                         low=0.0, high=1.0),
                   Param("fix_above", 100_000, "MILPs with more columns are first reduced by LP-guided fixing",
                         low=1, high=10**9),
-                  Param("start_positions", False, "add the positions the heuristic's moves ran at to the model "
-                                                  "before the solve (docs/ilp.md)")),
+                  START_POSITIONS),
           moves_persistent=True,
           paper="Zhou et al., DeepTM: Efficient Tensor Management in Heterogeneous Memory for DNN Training, "
                 "IEEE TPDS 35(11), 2024",

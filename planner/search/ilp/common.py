@@ -15,7 +15,7 @@ from simulator.plan import Plan, drop, offload, prefetch, recompute
 from ...core.api import score, simulator_for
 from ...core.analysis import touches
 from ...core.lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
-from ...core.registry import DEFAULT_OPTIONS, RunOptions, get_planner
+from ...core.registry import DEFAULT_OPTIONS, Param, RunOptions, get_planner
 from .intervals import (MS, Chosen, Formulation, Recompute, decode, decode_chains, decode_recomputes, initial_of,
                         predicted_us, retarget, step_times)
 
@@ -196,6 +196,12 @@ HOST_HEURISTICS = (("g10", {"ssd": False}), ("lms", {}))
 LAST_RESORT = (("autoswap", {}),)
 
 
+# The solvers' ``start_positions`` parameter (autotm, tmof, deeptm): refine.py ``at_positions_of``.
+START_POSITIONS = Param("start_positions", False, "add the positions the heuristic's moves ran at to the model "
+                                                  "before the solve, so that the MIP start is priced at its own "
+                                                  "timeline (docs/ilp.md: faster plans on ResNet-152, slower on GPT-2)")
+
+
 def best_heuristic(profile, hardware, budget: int, heuristics: tuple[tuple[str, dict], ...], options: RunOptions,
                    last_resort: tuple[tuple[str, dict], ...] = LAST_RESORT):
     """A function giving the plan of these heuristics that the simulator runs fastest
@@ -227,9 +233,9 @@ def short_op(form: Formulation) -> tuple[str, int] | None:
     from the op before its next use and leaves after the op after its last, ``windows``);
     None when every op could be relieved on its own."""
     spans: dict[tuple[str, int, int], tuple[int, int, int]] = {}   # an idle interval: ops it may be off, bytes
-    for lo, hi, key, nbytes in ([(c.span.start, c.span.stop, (c.tensor, c.after, c.before), c.nbytes)
-                                 for c in form.cands]
-                                + [(r.after + 1, r.before, (r.tensor, r.after, r.before), r.nbytes) for r in form.redo]):
+    intervals = [(c.span.start, c.span.stop, (c.tensor, c.after, c.before), c.nbytes) for c in form.cands]
+    intervals += [(r.after + 1, r.before, (r.tensor, r.after, r.before), r.nbytes) for r in form.redo]
+    for lo, hi, key, nbytes in intervals:
         old = spans.get(key, (lo, hi, nbytes))
         spans[key] = (min(old[0], lo), max(old[1], hi), nbytes)
     free = np.zeros(form.n + 1, dtype=np.int64)
@@ -250,9 +256,11 @@ def why_no_solution(form: Formulation, model_status: str) -> str:
     if model_status != "Infeasible":
         return "the solver found no solution in time"
     short = short_op(form)
-    return "no plan within the model's rules fits the budget" + (
-        "" if short is None else f" (at op {short[0]!r}, {short[1]} bytes more than every move and recompute the "
-                                 f"model has can free: the model keeps a tensor on the GPU at the ops next to its uses)")
+    if short is None:
+        return "no plan within the model's rules fits the budget"
+    return (f"no plan within the model's rules fits the budget (at op {short[0]!r}, {short[1]} bytes more than "
+            f"every move and recompute the model has can free: the model keeps a tensor on the GPU at the ops next "
+            f"to its uses)")
 
 
 def fix_by_relaxation(form: Formulation, limit: float, options: RunOptions, token: bool, notes: dict):

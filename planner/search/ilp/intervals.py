@@ -218,8 +218,6 @@ def wrap_candidates(profile: Profile, hardware, budget: int, window: int, far: i
     return found
 
 
-
-
 @dataclass(frozen=True)
 class Recompute:
     """An idle interval of ``tensor`` (after op ``after``, before op ``before``) that may

@@ -80,8 +80,8 @@ import time
 
 from ...core.api import score, simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
-from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, SWAP_HEURISTICS, best_heuristic, best_start,
-                     fix_by_relaxation, lower_fastest, short_op, why_no_solution)
+from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, START_POSITIONS, SWAP_HEURISTICS,
+                     best_heuristic, best_start, fix_by_relaxation, lower_fastest, short_op, why_no_solution)
 from .intervals import (MS, Formulation, candidates, decode_chains, recomputes, same_choices, slower_tiers_dominated,
                         wrap_candidates)
 from .refine import at_positions_of, refine, round_s
@@ -101,8 +101,8 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     cands = candidates(profile, hardware, budget, window, tiers, reach=reach, far=far)
     if len(tiers) > 1 and slower_tiers_dominated(hardware, cands):
         tiers, cands = ("host",), [c for c in cands if c.tier == "host"]
-    if wrap and not recompute_too and not reach:
-        cands += wrap_candidates(profile, hardware, budget, window, far)
+    wraps = wrap_candidates(profile, hardware, budget, window, far) if wrap and not recompute_too and not reach else []
+    cands += wraps
     redo = recomputes(profile, budget) if recompute_too else []
     form = Formulation(profile, hardware, budget, cands, one_offload_at_a_time=token, redo=redo, reach=reach)
     built = time.perf_counter() - started
@@ -112,9 +112,7 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
         return Draft(status="optimal", gap=0.0, estimate_us=profile.ideal_us, notes=notes)
     if not reach and (form.uncovered or short_op(form) is not None):
         # no plan in the window's model: let the uses wait for their prefetches (a fetch position at the op before)
-        cands = candidates(profile, hardware, budget, window, tiers, far=far, sync=True)
-        if wrap and not recompute_too:
-            cands += wrap_candidates(profile, hardware, budget, window, far)
+        cands = candidates(profile, hardware, budget, window, tiers, far=far, sync=True) + wraps
         form = Formulation(profile, hardware, budget, cands, one_offload_at_a_time=token, redo=redo, reach=reach)
         notes.update(synchronous_fetches=sum(c.synchronous for c in cands), columns=form.model.num_cols,
                      rows=form.model.num_rows)
@@ -196,8 +194,6 @@ _COMMON = (
                                 "relaxation by IPM; candidates it leaves unused are fixed to stay)",
           low=1, high=10**9),
 )
-
-
 @register(
     "autotm",
     "AutoTM (ASPLOS'20): MILP over where each tensor lives between uses (GPU, host, SSD), "
@@ -212,9 +208,7 @@ _COMMON = (
                             "(an offload queued on the link frees memory later, not never)", low=0, high=16),
             Param("initial", False, "weights and optimizer state may start the iteration in host memory, "
                                    "fetched before their first use and written back after their last"),
-            Param("start_positions", False, "add the positions the heuristic's moves ran at to the model before "
-                                           "the solve, so that the MIP start is priced at its own timeline "
-                                           "(docs/ilp.md: faster plans on ResNet-152, slower on GPT-2)")) + _COMMON,
+            START_POSITIONS) + _COMMON,
     moves_persistent=True,
     paper="Hildebrand et al., AutoTM: Automatic Tensor Movement in Heterogeneous Memory Systems "
           "using Integer Linear Programming, ASPLOS 2020",
@@ -237,9 +231,7 @@ def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, win
             Param("token", False, "TMOF's contention avoidance as a constraint: never two offloads in flight "
                                   "in one step (FIFO streams already serialise them; this also forbids issuing "
                                   "one while another runs, and makes the MILP much harder)"),
-            Param("start_positions", False, "add the positions the heuristic's moves ran at to the model before "
-                                           "the solve, so that the MIP start is priced at its own timeline "
-                                           "(docs/ilp.md: faster plans on ResNet-152, slower on GPT-2)")) + _COMMON,
+            START_POSITIONS) + _COMMON,
     moves_persistent=True,
     paper="Lin et al., TMOF: tensor movement orchestration, HPCA 2023 (formulation not public: "
           "this one is written in its spirit)",

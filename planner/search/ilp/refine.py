@@ -89,6 +89,19 @@ def with_positions(cands: list[Candidate],
     return out, grown
 
 
+def _simulated(form: Formulation, sim, budget: int, actions, initial):
+    """A plan's simulated run, with its timeline."""
+    plan = Plan(profile_name=form.profile.name, profile_sha256=sim.compiled.sha256, actions=tuple(actions),
+                initial=dict(initial or {}))
+    return sim.simulate(plan, budget, record=True)
+
+
+def _rebuilt(form: Formulation, cands: list[Candidate], token: bool) -> Formulation:
+    """``form``'s model built again over ``cands`` (the same recomputes, ``reach`` and token)."""
+    return Formulation(form.profile, form.hardware, form.budget, cands, one_offload_at_a_time=token, redo=form.redo,
+                       reach=form.reach)
+
+
 def unheld_moves(form: Formulation, actions) -> set[tuple[str, int, str]]:
     """The (tensor, next use, tier) of a plan's offload and prefetch pairs that no
     candidate of ``form`` holds (small tensors, chiefly)."""
@@ -117,9 +130,7 @@ def at_positions_of(form: Formulation, sim, budget: int, actions, initial, token
     here, as simulated)."""
     if not actions:
         return form, 0
-    plan = Plan(profile_name=form.profile.name, profile_sha256=sim.compiled.sha256, actions=tuple(actions),
-                initial=dict(initial or {}))
-    run = sim.simulate(plan, budget, record=True)
+    run = _simulated(form, sim, budget, actions, initial)
     if not run.ok:
         return form, 0
     cands = list(form.cands)
@@ -133,8 +144,7 @@ def at_positions_of(form: Formulation, sim, budget: int, actions, initial, token
     grown = len(cands) - len(form.cands) + sum(1 for old, new in zip(form.cands, cands) if old != new)
     if not grown:
         return form, 0
-    return Formulation(form.profile, form.hardware, budget, cands, one_offload_at_a_time=token, redo=form.redo,
-                       reach=form.reach), grown
+    return _rebuilt(form, cands, token), grown
 
 
 def refine(form: Formulation, sim, budget: int, best: Lowered, deadline: float, options, gap: float,
@@ -155,14 +165,11 @@ def refine(form: Formulation, sim, budget: int, best: Lowered, deadline: float, 
         last = round_ == ROUNDS or left <= 0   # past the deadline: only time the plan kept (one LP)
         if not best.result.ok or not best.actions or (left <= 0 and best is timed):
             break
-        plan = Plan(profile_name=form.profile.name, profile_sha256=sim.compiled.sha256,
-                    actions=tuple(best.actions), initial=dict(best.initial))
-        run = sim.simulate(plan, budget, record=True)
+        run = _simulated(form, sim, budget, best.actions, best.initial)
         cands, grown = with_positions(form.cands, observed_positions(form.profile, form.cands, best.actions,
                                                                        run.timeline))
         if grown:
-            form = Formulation(form.profile, form.hardware, budget, cands, one_offload_at_a_time=token,
-                               redo=form.redo, reach=form.reach)
+            form = _rebuilt(form, cands, token)
         elif best is timed:
             break
         moved, redone, _ = form.choices_of_plan(best.actions, run.timeline, best.initial, copy_start=True)
