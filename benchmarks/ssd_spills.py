@@ -31,7 +31,8 @@ for path in (ROOT, ROOT / "benchmarks"):
 from g10_uvm import CACHE, HARDWARE, WORKLOADS, profile_for, say, scaled  # noqa: E402
 
 SPILLING = ("ResNet-152", "SENet-154")
-PLANNERS = ("g10", "capuchin", "swapadvisor", "joint", "flashneuron", "autotm", "zero-infinity")
+# "planner:flag" runs the planner with that boolean parameter on (g10:recompute: g10's ``recompute``)
+PLANNERS = ("g10", "g10:recompute", "capuchin", "swapadvisor", "joint", "flashneuron", "autotm", "zero-infinity")
 
 
 def rows(planners=PLANNERS, time_limit: float = 20.0, cache: Path | None = CACHE) -> list[dict]:
@@ -57,7 +58,9 @@ def rows(planners=PLANNERS, time_limit: float = 20.0, cache: Path | None = CACHE
             for name in planners:
                 started = time.perf_counter()
                 try:
-                    planned = make_plan(profile, hardware, budget, name, options=RunOptions(time_limit=time_limit))
+                    planner, _, flag = name.partition(":")
+                    planned = make_plan(profile, hardware, budget, planner, params={flag: True} if flag else None,
+                                        options=RunOptions(time_limit=time_limit))
                     result = planned.result
                     row[name] = result.iteration_us / profile.ideal_us if result.ok else None
                     row[f"{name}_detail"] = {"ssd_write_gib": result.bytes_ssd_write / 2**30,

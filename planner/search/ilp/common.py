@@ -189,6 +189,10 @@ def lower_fastest(profile, sim, budget: int, form: Formulation, values: np.ndarr
 # budget: GPT-2 at 50% 4.103 s against 4.111 s, ResNet-152 at 50% 4.187 s against 4.232 s).
 SWAP_HEURISTICS = (("g10", {}), ("lms", {}))
 HOST_HEURISTICS = (("g10", {"ssd": False}), ("lms", {}))
+# joint (swap + recompute) also starts from capuchin's plan, and from g10's with what the link cannot
+# move out in time recomputed instead (g10's ``recompute``: SENet-154 b1024 on G10's machine 1.042x
+# against 1.244x, ResNet-152 b512 at 30% 3.47 s against 5.49 s; g10's own plan where it stalls on nothing).
+RECOMPUTE_HEURISTICS = (("capuchin", {}), ("g10", {"recompute": True}), ("lms", {}))
 # Run only when none of those runs within the budget: autoswap (host swaps) fits VGG-16 b1024 at
 # 30% (9.994 s) where g10's and lms's plans do not and the interval model has no plan. Not in
 # the pool itself: it is faster than both on ResNet-50 at 50% (4.020 s), where autotm's own

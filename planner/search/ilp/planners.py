@@ -34,8 +34,8 @@ All: the MILP's objective is its predicted iteration time (the sum of step times
 HiGHS's dual bound is a proven lower bound on that objective for this formulation (not on
 every plan: it fixes the op order, the windows and the candidate intervals). The heuristic
 fallback (the faster simulated of g10's plan and lms's, g10 host only for tmof; for joint
-the fastest of capuchin's, g10's and lms's: common.py ``best_heuristic``, the registered
-planners run by name, ``heuristic`` in the notes; autoswap's when none of those runs,
+the fastest of capuchin's, g10's with ``recompute`` and lms's: common.py ``best_heuristic``, the
+registered planners run by name, ``heuristic`` in the notes; autoswap's when none of those runs,
 common.py ``LAST_RESORT``) is planned first
 and is the solver's MIP start (common.py ``best_start``; with ``start_positions``, autotm and
 tmof, the model first gains the positions the heuristic's moves ran at, refine.py
@@ -80,8 +80,9 @@ import time
 
 from ...core.api import score, simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
-from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, START_POSITIONS, SWAP_HEURISTICS,
-                     best_heuristic, best_start, fix_by_relaxation, lower_fastest, short_op, why_no_solution)
+from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, RECOMPUTE_HEURISTICS, START_POSITIONS,
+                     SWAP_HEURISTICS, best_heuristic, best_start, fix_by_relaxation, lower_fastest, short_op,
+                     why_no_solution)
 from .intervals import (MS, Formulation, candidates, decode_chains, recomputes, same_choices, slower_tiers_dominated,
                         wrap_candidates)
 from .refine import at_positions_of, refine, round_s
@@ -247,7 +248,8 @@ def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, windo
 @register(
     "joint",
     "One MILP over swapping to host and recomputing each idle interval (Checkmate's and OffMate's idea on "
-    "the interval formulation), with the fastest of capuchin's, g10's and lms's plans as the fallback.",
+    "the interval formulation), with the fastest of capuchin's, g10's (recomputing what the link cannot move in "
+    "time) and lms's plans as the fallback.",
     params=(Param("window", 20, "ops before / after a use within which a move may run", low=1, high=4096),)
     + _COMMON,
     moves_persistent=True,
@@ -259,5 +261,5 @@ def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, windo
 def plan_joint(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, gap=1e-3, fix_above=100_000):
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=False,
                            gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes,
-                                                            (("capuchin", {}),) + SWAP_HEURISTICS, options),
+                                                            RECOMPUTE_HEURISTICS, options),
                            recompute_too=True, fix_above=fix_above)
