@@ -948,8 +948,8 @@ def plan_g10(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, ssd=Tr
 def recompute_spills(sim, budget_bytes: int, args: tuple, best: Draft, state: G10State, moves: list[Move]) -> Draft:
     """``recompute``: G10's drafts again with the cheapest recomputable tensors idle where
     the SSD falls furthest behind (``ssd_shortfall``) recomputed instead of moved, as many
-    bytes as that shortfall, then more (or fewer) by ``RECOMPUTE_STEP`` while the
-    simulated iteration shortens; the fastest draft of all, ``best`` included."""
+    bytes as that shortfall, then more by ``RECOMPUTE_STEP`` while the simulated iteration
+    shortens (fewer when more did not); the fastest draft of all, ``best`` included."""
     tier = "ssd" if any(m.tier == "ssd" for m in moves) else "host"
     at, short = tier_shortfall(state, moves, tier)
     if short <= 0:
@@ -972,8 +972,11 @@ def recompute_spills(sim, budget_bytes: int, args: tuple, best: Draft, state: G1
 
     best_us = timed(best)
     for step in (RECOMPUTE_STEP, 1.0 / RECOMPUTE_STEP):
-        margin = 1.0 if step > 1.0 else 1.0 / RECOMPUTE_STEP
+        margin, gains = (1.0 if step > 1.0 else 1.0 / RECOMPUTE_STEP), 0
         while (found_now := attempt(margin)) is not None and found_now[0] < best_us:
             best_us, best = found_now
             margin *= step
+            gains += 1
+        if gains > 1:
+            break   # more than the shortfall did better: fewer will not
     return best
