@@ -28,7 +28,7 @@ def profiles():
 # Every planner at its defaults, and the parameter settings that change what it does.
 VARIANTS = [(spec.name, {}) for spec in planners()] + [
     ("vdnn", {"mode": "conv"}), ("vdnn", {"mode": "dyn"}), ("lms", {"autotune": "false"}),
-    ("g10", {"ssd": "false"}), ("g10", {"fallback": "false"}),
+    ("g10", {"ssd": "false"}), ("g10", {"fallback": "false"}), ("g10", {"recompute": "true"}),
     ("capuchin", {"recompute": "false"}), ("capuchin", {"swap": "false"}),
 ]
 
@@ -55,7 +55,7 @@ def keeps_to_its_kind(spec, plan, profile) -> list[str]:
         "codecs": bool(kinds & {"encode", "decode"}) or any(a.codec for a in plan.actions),
         "variants": bool(plan.variants),
     }
-    wrong = [what for what, done in found.items() if done and not spec.may(what)]
+    wrong = [what for what, done in found.items() if done and not spec.may(what, plan.planner.params)]
     if (plan.memory == "uvm") != (spec.memory == "uvm"):
         wrong.append(f"memory {plan.memory}")
     return wrong

@@ -159,6 +159,7 @@ class PlannerSpec:
     variants: str | None = None     # the parameter that lets it choose op variants (R52), if it may
     searches: bool = False          # it searches until the run's time limit (a solver, a genetic search)
     declared_family: str | None = None   # where the flags do not say it (see ``family``)
+    recompute_param: str | None = None   # a swap planner's parameter that lets it recompute too, if it has one
 
     @property
     def family(self) -> str:
@@ -177,13 +178,15 @@ class PlannerSpec:
             return "compression"
         return "swap + recompute" if self.recomputes else "swap"
 
-    def may(self, what: str) -> bool:
+    def may(self, what: str, resolved: dict[str, Any] | None = None) -> bool:
         """Whether its plans may hold ``what``: ``swap`` (offloads and prefetches, or UVM
         hints), ``recompute`` (drops and recomputes), ``persistent`` (weights and optimizer
         state moved), ``cpu`` (ops on the CPU), ``codecs`` (R40-R42), ``variants`` (R52):
-        the kind of actions its family and flags declare, which its bound assumes."""
+        the kind of actions its family and flags declare (and, for ``recompute``, its
+        ``recompute_param`` among the ``resolved`` parameters), which its bound assumes."""
         family = self.family
-        return {"swap": family not in ("recompute", "baseline"), "recompute": self.recomputes,
+        recomputes = self.recomputes or bool(self.recompute_param and (resolved or {}).get(self.recompute_param))
+        return {"swap": family not in ("recompute", "baseline"), "recompute": recomputes,
                 "persistent": self.moves_persistent, "cpu": bool(self.cpu_phases),
                 "codecs": family in ("compression", "placement"), "variants": self.variants is not None}[what]
 
@@ -223,16 +226,18 @@ START_HERE = ("start here: capuchin (swaps and recomputes, seconds); g10 where t
 
 def register(name: str, summary: str, params: tuple[Param, ...] = (), moves_persistent: bool = False,
              paper: str = "", recomputes: bool = False, cpu_phases: tuple[str, ...] = (), memory: str = "explicit",
-             variants: str | None = None, searches: bool = False, family: str | None = None):
+             variants: str | None = None, searches: bool = False, family: str | None = None,
+             recompute_param: str | None = None):
     """Decorator: register a planner function under ``name`` (``variants``: the name of
     its boolean parameter that lets it choose op variants, for a planner that may;
+    ``recompute_param``: that of a swap planner's boolean parameter that lets it recompute;
     ``searches``: it runs until the time limit, as solvers and genetic searches do;
     ``family``: where its flags do not say it, see ``PlannerSpec.family``)."""
     def wrap(func: Callable[..., Draft]) -> Callable[..., Draft]:
         if name in REGISTRY:
             raise ValueError(f"planner {name!r} registered twice")
         REGISTRY[name] = PlannerSpec(name, func, summary, tuple(params), moves_persistent, paper, recomputes,
-                                     tuple(cpu_phases), memory, variants, searches, family)
+                                     tuple(cpu_phases), memory, variants, searches, family, recompute_param)
         return func
     return wrap
 

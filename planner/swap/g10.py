@@ -927,6 +927,7 @@ def g10_drafts(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ss
                                   "spills there), recompute the cheapest instead (not in the paper)"),
     ),
     moves_persistent=True,
+    recompute_param="recompute",
     paper="Zhang et al., G10: Enabling An Efficient Unified GPU Memory and Storage Architecture "
           "with Smart Tensor Migrations, MICRO 2023",
 )
