@@ -16,7 +16,7 @@ import numpy as np
 
 from simulator.profile import Profile
 
-from .analysis import idle_gaps, touches
+from .analysis import idle_gaps, op_start_us, touches
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ def candidates(profile: Profile, max_us_per_byte: float, min_gap: int = 2) -> li
     iteration (its value at the recompute would differ)."""
     found: list[Regen] = []
     producer = profile.producer
+    starts = op_start_us(profile)
+    last_touch: dict[str, int] = {}
     for tensor in profile.tensors:
         made_by = producer[tensor.id]
         if tensor.persistent or tensor.bytes <= 0 or made_by is None:
@@ -54,20 +56,23 @@ def candidates(profile: Profile, max_us_per_byte: float, min_gap: int = 2) -> li
         ratio = op.time_us / tensor.bytes
         if ratio >= max_us_per_byte:
             continue
-        for gap in idle_gaps(profile, tensor.id):
-            if gap.before - gap.after < min_gap or not _may_recompute(profile, tensor.id, made_by, op, gap.before):
+        for gap in idle_gaps(profile, tensor.id, starts):
+            if gap.before - gap.after < min_gap or not _may_recompute(profile, tensor.id, made_by, op, gap.before,
+                                                                      last_touch):
                 continue
             found.append(Regen(tensor.id, tensor.bytes, gap.after, gap.before, made_by, tuple(op.inputs), ratio))
     found.sort(key=lambda r: (r.us_per_byte, -r.nbytes, r.producer, r.after))
     return found
 
 
-def _may_recompute(profile: Profile, tid: str, made_by: int, op, before: int) -> bool:
+def _may_recompute(profile: Profile, tid: str, made_by: int, op, before: int, last_touch: dict[str, int]) -> bool:
     if any(made_by < u < before for u in profile.updaters[tid]):
         return False
     for source in op.inputs:
-        points = touches(profile, source)
-        if not points or points[-1] < before:
+        if source not in last_touch:
+            points = touches(profile, source)
+            last_touch[source] = points[-1] if points else -1
+        if last_touch[source] < before:
             return False
         if any(made_by < u < before for u in profile.updaters[source]):
             return False

@@ -145,7 +145,7 @@ import numpy as np
 from simulator.compile.compiled import LINKS, link_speed, transfer_links
 from simulator.plan import drop, offload, prefetch, recompute
 
-from ..core.analysis import idle_gaps, op_start_us, touches
+from ..core.analysis import op_start_us, touches
 from ..core.api import score, simulator_for
 from ..core.estimate import MemoryEstimate
 from ..core.regen import Regen, candidates as regen_candidates, cover, shortfall
@@ -430,10 +430,9 @@ def candidate_intervals(profile, starts: list[float], regens: tuple[Regen, ...] 
 
 
 def _gaps(profile, tid: str, extra: set[int] | None) -> list[tuple[int, int]]:
-    """(after, before) of the tensor's idle gaps, with ``extra`` op positions counted as touches."""
-    if not extra:
-        return [(gap.after, gap.before) for gap in idle_gaps(profile, tid)]
-    points = sorted(set(touches(profile, tid)) | extra)
+    """(after, before) of the tensor's idle gaps (as ``idle_gaps``), with ``extra`` op
+    positions counted as touches."""
+    points = sorted(set(touches(profile, tid)) | extra) if extra else touches(profile, tid)
     return [(a, b) for a, b in zip(points, points[1:]) if b - a >= 2]
 
 
