@@ -38,10 +38,9 @@ def candidates(profile: Profile, max_us_per_byte: float, min_gap: int = 2) -> li
     recompute may replace, cheapest per byte first (then the larger, then profile order),
     keeping those under ``max_us_per_byte``. R15: the producer updates nothing in place,
     and the tensor is not updated in place before the gap's end. The producer's inputs
-    must be what they were when it ran (none updated in place from the producer to the
-    gap's end) and still needed at or after the gap's end (a recompute that keeps a dead
-    input alive is not offered); no input may be persistent and updated in the
-    iteration (its value at the recompute would differ)."""
+    must be what they were when it ran (none updated in place between the producer and
+    the gap's end, weights included) and still needed at or after the gap's end (a
+    recompute that would keep a dead input alive is not offered)."""
     found: list[Regen] = []
     producer = profile.producer
     starts = op_start_us(profile)
