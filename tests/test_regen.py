@@ -5,6 +5,8 @@ SSD transfers go through host memory at the slower link's rate: 100 B take 200 u
 """
 from __future__ import annotations
 
+import pytest
+
 from planner.core.api import make_plan
 from planner.core.regen import Regen, candidates, cover, shortfall
 from simulator.plan import drop, offload, prefetch, recompute
@@ -117,3 +119,23 @@ def test_g10_recompute_over_pcie_when_host_memory_holds_everything():
         drop("A0", "p0"), offload("A1", "p1", "host"), offload("A2", "p2", "host"),
         prefetch("A2", "p6", "p9", "host"), prefetch("A1", "p7", "p10", "host"), recompute("A0", "p11")]
     assert planned.result.iteration_us == 1500.0 and planned.result.recompute_us == 100.0
+
+
+@pytest.mark.parametrize("name", ["synth-transformer-l12-b16-s1024", "synth-cnn-l16-w128-b64-s224",
+                                  "synth-mlp-l16-w8192-b1024"])
+def test_g10_recompute_is_never_slower_than_g10_and_keeps_the_budget(name):
+    from planner.core.analysis import budget_floor
+    from simulator.catalog import open_profile
+    from simulator.hardware import load_hardware
+    hw = load_hardware("a100-40gb-pcie4")
+    profile = open_profile(name)
+    floor, _ = budget_floor(profile, moves_persistent=True)
+    for fraction in (0.7, 0.5, 0.3):
+        budget = min(int(profile.peak_bytes * fraction), hw.gpu.memory_bytes)
+        if budget < floor:
+            continue
+        alone = make_plan(profile, hw, budget, "g10").result
+        planned = make_plan(profile, hw, budget, "g10", params={"recompute": True})
+        result = planned.result
+        assert result.ok and result.peak_bytes <= budget
+        assert not alone.ok or result.iteration_us <= alone.iteration_us
