@@ -947,9 +947,10 @@ def plan_g10(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, ssd=Tr
 
 def recompute_spills(sim, budget_bytes: int, args: tuple, best: Draft, state: G10State, moves: list[Move]) -> Draft:
     """``recompute``: G10's drafts again with the cheapest recomputable tensors idle where
-    the SSD falls furthest behind (``ssd_shortfall``) recomputed instead of moved, as many
-    bytes as that shortfall, then more by ``RECOMPUTE_STEP`` while the simulated iteration
-    shortens (fewer when more did not); the fastest draft of all, ``best`` included."""
+    the link falls furthest behind ``moves`` (``tier_shortfall``: the SSD when any move
+    goes there, else PCIe) recomputed instead of moved, as many bytes as that shortfall,
+    then more by ``RECOMPUTE_STEP`` while the simulated iteration shortens (fewer when
+    more did not); the fastest draft of all, ``best`` included."""
     tier = "ssd" if any(m.tier == "ssd" for m in moves) else "host"
     at, short = tier_shortfall(state, moves, tier)
     if short <= 0:
@@ -966,8 +967,10 @@ def recompute_spills(sim, budget_bytes: int, args: tuple, best: Draft, state: G1
         regens = tuple(cover(found, at, int(short * margin)))
         if not regens or regens in tried:
             return None
-        drafts = [d[0] for d in reversed(g10_drafts(*args, regens=regens))]
-        tried[regens] = min(((timed(d), i, d) for i, d in enumerate(drafts)), key=lambda x: x[:2])[::2]
+        drafts = [d[0] for d in reversed(g10_drafts(*args, regens=regens))]   # the spread one first on ties
+        times = [timed(d) for d in drafts]
+        fastest = times.index(min(times))
+        tried[regens] = (times[fastest], drafts[fastest])
         return tried[regens]
 
     best_us = timed(best)
