@@ -87,7 +87,7 @@ def test_the_solvers_plan_is_returned_when_it_simulates_as_fast_as_the_heuristic
     assert first.result.ok and "fallback" not in first.plan.planner.notes
     same = Draft(actions=list(first.plan.actions), status="heuristic")
     draft = solve_swap_milp(profile, hw, BUDGET, options, tiers=("host",), window=20, token=False, gap=1e-3,
-                            fallback=lambda: same)
+                            fallback=lambda start=False: same)
     assert draft.status == "optimal" and "fallback" not in draft.notes
     assert draft.notes["heuristic_us"] == draft.notes["simulated_us"]
     assert draft.notes["start"] == "heuristic"
@@ -100,13 +100,13 @@ def test_a_solution_the_solver_improved_from_its_start_is_not_marked_as_the_star
     profile, hw = tiny(), machine(h2d=0.01, d2h=0.01)
     late = Draft(actions=[offload("b", "f1"), prefetch("b", "m1", "g2")], status="heuristic")
     draft = solve_swap_milp(profile, hw, BUDGET, RunOptions(time_limit=10, threads=1), tiers=("host",), window=20,
-                            token=False, gap=1e-3, fallback=lambda: late)
+                            token=False, gap=1e-3, fallback=lambda start=False: late)
     assert draft.notes["start"] == "heuristic" and draft.notes["start_model_us"] == pytest.approx(86.0)
     assert draft.notes["model_objective_us"] == pytest.approx(80.0) and "improved_start" not in draft.notes
     # read at the positions it ran at (its prefetch's copy waits for memory, R10: the fetch is read off the
     # copy's start, a position the window has) the model prices the same plan at 80 us, the solver's optimum
     draft = solve_swap_milp(profile, hw, BUDGET, RunOptions(time_limit=10, threads=1), tiers=("host",), window=20,
-                            token=False, gap=1e-3, fallback=lambda: late, start_positions=True)
+                            token=False, gap=1e-3, fallback=lambda start=False: late, start_positions=True)
     assert draft.notes["start_positions"] == 0 and draft.notes["start_model_us"] == pytest.approx(80.0)
     assert draft.notes["model_objective_us"] == pytest.approx(80.0)
 
@@ -129,7 +129,7 @@ def test_the_heuristic_is_returned_when_strictly_faster(monkeypatch):
 
     monkeypatch.setattr(planners, "score", biased)
     draft = solve_swap_milp(profile, hw, BUDGET, options, tiers=("host",), window=20, token=False, gap=1e-3,
-                            fallback=lambda: Draft(actions=_hand_plan(), status="heuristic"))
+                            fallback=lambda start=False: Draft(actions=_hand_plan(), status="heuristic"))
     assert draft.status == "heuristic" and draft.actions == _hand_plan()
     assert draft.notes["fallback"] == "the heuristic plan simulated faster than the solver's"
     assert draft.notes["heuristic_us"] == draft.notes["simulated_us"] - 1.0
@@ -298,7 +298,7 @@ def test_an_infeasible_model_names_the_op_no_move_can_relieve():
     assert [c.tensor for c in form.cands] == ["t"] and form.over_ops[0] <= 8
     assert short_op(form) == ("i8", 10)
     draft = solve_swap_milp(profile, hw, budget, RunOptions(time_limit=10, threads=1), tiers=("host",), window=2,
-                            token=False, gap=1e-3, fallback=lambda: Draft(actions=[], status="heuristic"))
+                            token=False, gap=1e-3, fallback=lambda start=False: Draft(actions=[], status="heuristic"))
     assert draft.status == "heuristic" and "at op 'i8', 10 bytes more than every move" in draft.notes["fallback"]
 
 

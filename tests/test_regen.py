@@ -139,3 +139,20 @@ def test_g10_recompute_is_never_slower_than_g10_and_keeps_the_budget(name):
         result = planned.result
         assert result.ok and result.peak_bytes <= budget
         assert not alone.ok or result.iteration_us <= alone.iteration_us
+
+
+def test_joint_may_return_g10s_recompute_plan_but_starts_from_the_others():
+    # best_heuristic's ``also`` (joint's RECOMPUTE_ALSO): the fallback is the fastest of every
+    # heuristic, g10's recompute plan (1,500 us, above) included; the MIP start leaves it out
+    # and is g10's own plan (1,600 us; lms's is no faster here).
+    from planner.core.api import score, simulator_for
+    from planner.core.registry import RunOptions
+    from planner.search.ilp.common import best_heuristic
+    profile, hw = spill_profile(), machine(d2h=0.0005, h2d=0.0005)
+    pool = best_heuristic(profile, hw, 310, (("lms", {}), ("g10", {})), RunOptions(),
+                          also=(("g10", {"recompute": True}),))
+    sim = simulator_for(profile, hw)
+    fallback, start = pool(), pool(start=True)
+    assert fallback.notes["heuristic"] == "g10 (recompute=True)" and start.notes["heuristic"] == "g10"
+    assert score(sim, 310, fallback.actions, fallback.initial).iteration_us == 1500.0
+    assert score(sim, 310, start.actions, start.initial).iteration_us == 1600.0

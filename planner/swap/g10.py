@@ -133,7 +133,7 @@ Departures (and why):
   bound is 1.234x), with roofline kernel times from 6.75x to 1.60x, and ResNet-152
   b1280 with roofline times from 4.02x to 1.51x; on a100-40gb-pcie4 (host memory only)
   ResNet-152 b512 at 30% of its peak from 5.49 s to 3.47 s (bound 3.39 s). `joint`
-  starts from this plan (planner/search/ilp/common.py).
+  may return this plan (planner/search/ilp/common.py ``RECOMPUTE_ALSO``).
 """
 from __future__ import annotations
 

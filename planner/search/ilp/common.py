@@ -189,10 +189,12 @@ def lower_fastest(profile, sim, budget: int, form: Formulation, values: np.ndarr
 # budget: GPT-2 at 50% 4.103 s against 4.111 s, ResNet-152 at 50% 4.187 s against 4.232 s).
 SWAP_HEURISTICS = (("g10", {}), ("lms", {}))
 HOST_HEURISTICS = (("g10", {"ssd": False}), ("lms", {}))
-# joint (swap + recompute) also starts from capuchin's plan, and from g10's with what the link cannot
-# move out in time recomputed instead (g10's ``recompute``: SENet-154 b1024 on G10's machine 1.042x
-# against 1.244x, ResNet-152 b512 at 30% 3.47 s against 5.49 s; g10's own plan where it stalls on nothing).
-RECOMPUTE_HEURISTICS = (("capuchin", {}), ("g10", {"recompute": True}), ("lms", {}))
+# joint (swap + recompute) also starts from capuchin's plan; it may return g10's with what the link
+# cannot move out in time recomputed instead (g10's ``recompute``: SENet-154 b1024 on G10's machine
+# 1.042x against 1.244x, ResNet-152 b512 at 30% 3.47 s against 5.49 s) but does not start from it:
+# started there, HiGHS ended slower on ResNet-50 at 30% (2.688 s against 2.643 s) and GPT-2 at 30%.
+RECOMPUTE_HEURISTICS = (("capuchin", {}),) + SWAP_HEURISTICS
+RECOMPUTE_ALSO = (("g10", {"recompute": True}),)
 # Run only when none of those runs within the budget: autoswap (host swaps) fits VGG-16 b1024 at
 # 30% (9.994 s) where g10's and lms's plans do not and the interval model has no plan. Not in
 # the pool itself: it is faster than both on ResNet-50 at 50% (4.020 s), where autotm's own
@@ -207,24 +209,36 @@ START_POSITIONS = Param("start_positions", False, "add the positions the heurist
 
 
 def best_heuristic(profile, hardware, budget: int, heuristics: tuple[tuple[str, dict], ...], options: RunOptions,
-                   last_resort: tuple[tuple[str, dict], ...] = LAST_RESORT):
+                   last_resort: tuple[tuple[str, dict], ...] = LAST_RESORT, also: tuple[tuple[str, dict], ...] = ()):
     """A function giving the plan of these heuristics that the simulator runs fastest
     within the budget (one that runs before one that does not; the first of equals), its
-    notes naming it (``heuristic``): the solvers' MIP start and fallback. When none of
-    them runs, the ``last_resort`` heuristics are tried as well."""
-    def draft():
-        sim = simulator_for(profile, hardware, options)
-        best = None
-        for n, (name, params) in enumerate(heuristics + last_resort):
-            if n == len(heuristics) and not best[0][0]:
-                break   # one of the pool runs: the last resort is not needed
+    notes naming it (``heuristic``: the planner, with its parameters when it has any): the
+    solvers' fallback, and with ``start=True`` their
+    MIP start. When none of them runs, the ``last_resort`` heuristics are tried as well.
+    ``also``: heuristics the fallback may be (tried after the others) but the start not.
+    Each heuristic plans once."""
+    ran: dict[int, tuple] = {}
+
+    def planned(n: int, name: str, params: dict) -> tuple:
+        if n not in ran:
+            sim = simulator_for(profile, hardware, options)
             spec = get_planner(name)
             candidate = spec.func(profile, hardware, budget, options=replace(DEFAULT_OPTIONS, simulator=sim),
                                   **spec.resolve(params))
             result = score(sim, budget, candidate.actions, candidate.initial)
-            key = (not result.ok, result.iteration_us if result.ok else 0.0)
-            if best is None or key < best[0]:
-                best = (key, name, candidate)
+            label = name + (f" ({', '.join(f'{k}={v}' for k, v in params.items())})" if params else "")
+            ran[n] = ((not result.ok, result.iteration_us if result.ok else 0.0), label, candidate)
+        return ran[n]
+
+    def draft(start: bool = False):
+        best = None
+        pool = heuristics + last_resort
+        for n, (name, params) in enumerate(pool + (() if start else also)):
+            if len(heuristics) <= n < len(pool) and not best[0][0]:
+                continue   # one of the pool runs: the last resort is not needed
+            found = planned(n, name, params)
+            if best is None or found[0] < best[0]:
+                best = found
         _, name, chosen = best
         return replace(chosen, notes={**chosen.notes, "heuristic": name})
     return draft

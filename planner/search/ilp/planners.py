@@ -34,8 +34,8 @@ All: the MILP's objective is its predicted iteration time (the sum of step times
 HiGHS's dual bound is a proven lower bound on that objective for this formulation (not on
 every plan: it fixes the op order, the windows and the candidate intervals). The heuristic
 fallback (the faster simulated of g10's plan and lms's, g10 host only for tmof; for joint
-the fastest of capuchin's, g10's with ``recompute`` and lms's: common.py ``best_heuristic``, the
-registered planners run by name, ``heuristic`` in the notes; autoswap's when none of those runs,
+the fastest of capuchin's, g10's and lms's, and of g10's with ``recompute``, which is not a
+start: common.py ``best_heuristic``, the registered planners run by name, ``heuristic`` in the notes; autoswap's when none of those runs,
 common.py ``LAST_RESORT``) is planned first
 and is the solver's MIP start (common.py ``best_start``; with ``start_positions``, autotm and
 tmof, the model first gains the positions the heuristic's moves ran at, refine.py
@@ -80,8 +80,8 @@ import time
 
 from ...core.api import score, simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
-from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, RECOMPUTE_HEURISTICS, START_POSITIONS,
-                     SWAP_HEURISTICS, best_heuristic, best_start, fix_by_relaxation, lower_fastest, short_op,
+from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, RECOMPUTE_ALSO, RECOMPUTE_HEURISTICS,
+                     START_POSITIONS, SWAP_HEURISTICS, best_heuristic, best_start, fix_by_relaxation, lower_fastest, short_op,
                      why_no_solution)
 from .intervals import (MS, Formulation, candidates, decode_chains, recomputes, same_choices, slower_tiers_dominated,
                         wrap_candidates)
@@ -92,7 +92,8 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
                     token: bool, gap: float | None, fallback, recompute_too: bool = False,
                     fix_above: int = 100_000, reach: bool = False, far: int = 0, wrap: bool = False,
                     start_positions: bool = False) -> Draft:
-    """Build, solve, decode and judge one swap MILP; ``fallback()`` gives the heuristic draft.
+    """Build, solve, decode and judge one swap MILP; ``fallback()`` gives the heuristic draft (the
+    fallback), ``fallback(start=True)`` the one the solver starts from.
     ``start_positions``: the model first gains the positions the heuristic's moves ran at
     (not for recomputes, nor in the ``reach`` model, whose positions are its own)."""
     started = time.perf_counter()
@@ -127,13 +128,16 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
         form, full_bound = fix_by_relaxation(form, max(1.0, 0.3 * (deadline - time.perf_counter())), options,
                                               token, notes)
         cands = form.cands
-    backup = fallback()   # first, so that the time limit covers it, and the solver starts from it
+    backup = fallback()   # first, so that the time limit covers it
+    start_from = fallback(start=True)   # the solver starts from it (the same plan unless ``also`` gave the backup)
     backup_result = score(sim, budget, backup.actions, backup.initial)
     if backup.notes.get("heuristic"):
         notes.update(heuristic=backup.notes["heuristic"])
+    if start_from.notes.get("heuristic") != backup.notes.get("heuristic"):
+        notes.update(start_heuristic=start_from.notes.get("heuristic"))
     start_positions = start_positions and not recompute_too and not reach
     if start_positions:   # the heuristic's moves at the positions it ran at: its price is then its own timeline's
-        form, grown = at_positions_of(form, sim, budget, backup.actions, backup.initial, token, window)
+        form, grown = at_positions_of(form, sim, budget, start_from.actions, start_from.initial, token, window)
         cands = form.cands
         notes.update(start_positions=grown)
     given = None
@@ -141,14 +145,14 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
         # host moves alone first (a smaller model HiGHS solves fast): its plan starts the full one
         host = Formulation(profile, hardware, budget, [c for c in cands if c.tier == "host"], token, reach=reach)
         limit = max(1.0, 0.5 * (deadline - time.perf_counter()))
-        host_start = best_start(host, sim, budget, backup, limit, options.threads, {})
+        host_start = best_start(host, sim, budget, start_from, limit, options.threads, {})
         options.say(f"MILP, host moves only: {host.model.num_cols} columns; solving (limit {limit:.0f} s)")
         first = host.model.solve(limit, options.threads, options.seed, gap, start=host_start)
         if first.values is not None:
             given = form.extend(host, first.values)
             notes.update(host_only_us=first.objective / MS, host_only_gap=first.gap)
-    start = best_start(form, sim, budget, backup, max(1.0, 0.1 * (deadline - time.perf_counter())), options.threads,
-                       notes, given, copy_start=start_positions)
+    start = best_start(form, sim, budget, start_from, max(1.0, 0.1 * (deadline - time.perf_counter())),
+                       options.threads, notes, given, copy_start=start_positions)
     left = deadline - time.perf_counter()
     rounds_s = round_s(built, left)
     limit = max(1.0, left - min(0.05 * left, 10.0) - rounds_s)   # the rest: lowering, refining
@@ -248,8 +252,8 @@ def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, windo
 @register(
     "joint",
     "One MILP over swapping to host and recomputing each idle interval (Checkmate's and OffMate's idea on "
-    "the interval formulation), with the fastest of capuchin's, g10's (recomputing what the link cannot move in "
-    "time) and lms's plans as the fallback.",
+    "the interval formulation), starting from the fastest of capuchin's, g10's and lms's plans; the fastest of "
+    "those and of g10's recomputing what the link cannot move in time is the fallback.",
     params=(Param("window", 20, "ops before / after a use within which a move may run", low=1, high=4096),)
     + _COMMON,
     moves_persistent=True,
@@ -260,6 +264,6 @@ def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, windo
 )
 def plan_joint(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, gap=1e-3, fix_above=100_000):
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=False,
-                           gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes,
-                                                            RECOMPUTE_HEURISTICS, options),
+                           gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes, RECOMPUTE_HEURISTICS,
+                                                            options, also=RECOMPUTE_ALSO),
                            recompute_too=True, fix_above=fix_above)
