@@ -133,7 +133,8 @@ Departures (and why):
   bound is 1.234x), with roofline kernel times from 6.75x to 1.60x, and ResNet-152
   b1280 with roofline times from 4.02x to 1.51x; on a100-40gb-pcie4 (host memory only)
   ResNet-152 b512 at 30% of its peak from 5.49 s to 3.47 s (bound 3.39 s). `joint`
-  may return this plan (planner/search/ilp/common.py ``RECOMPUTE_ALSO``).
+  may return this plan (planner/search/ilp/common.py ``RECOMPUTE_ALSO``). The search is in
+  planner/swap/_g10_recompute.py.
 """
 from __future__ import annotations
 
@@ -148,9 +149,10 @@ from simulator.plan import drop, offload, prefetch, recompute
 from ..core.analysis import op_start_us, touches
 from ..core.api import score, simulator_for
 from ..core.estimate import MemoryEstimate
-from ..core.regen import Regen, candidates as regen_candidates, cover, shortfall
+from ..core.regen import Regen
 from ..core.lowering import PREFETCH, Step, issue_order, phase_of
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ._g10_recompute import recompute_spills
 
 
 @dataclass(frozen=True)
@@ -888,16 +890,6 @@ def better_by_simulation(sim, budget_bytes, drafts: list[Draft]) -> Draft:
     return min(drafts, key=rank)
 
 
-RECOMPUTE_STEP = 1.5   # ``recompute``: the recomputed bytes grow (or shrink) by this factor per draft
-
-
-def tier_shortfall(state: G10State, moves: list[Move], tier: str) -> tuple[int, float]:
-    """Where the tier falls furthest behind these moves, and by how many bytes (regen.py ``shortfall``)."""
-    held = [(lo, hi, m.interval.nbytes) for m in moves if m.tier == tier and not m.interval.wraps
-            and m.interval.after is not None for lo, hi in m.away(state.n)]
-    return shortfall(state.starts[:state.n], state._speeds["offload", tier][1], held)
-
-
 def g10_drafts(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback,
                regens: tuple[Regen, ...] = ()) -> list[tuple[Draft, list[Move], G10State]]:
     """G10's draft (host memory first) and, when it spills to the SSD, the spread one."""
@@ -941,45 +933,6 @@ def plan_g10(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, ssd=Tr
     best = better_by_simulation(sim, budget_bytes, [d[0] for d in reversed(drafts)])
     if recompute:
         _, moves, state = next(d for d in drafts if d[0] is best)
-        best = recompute_spills(sim, budget_bytes, args, best, state, moves)
-    return best
-
-
-def recompute_spills(sim, budget_bytes: int, args: tuple, best: Draft, state: G10State, moves: list[Move]) -> Draft:
-    """``recompute``: G10's drafts again with the cheapest recomputable tensors idle where
-    the link falls furthest behind ``moves`` (``tier_shortfall``: the SSD when any move
-    goes there, else PCIe) recomputed instead of moved, as many bytes as that shortfall,
-    then more by ``RECOMPUTE_STEP`` while the simulated iteration shortens (fewer when
-    more did not); the fastest draft of all, ``best`` included."""
-    tier = "ssd" if any(m.tier == "ssd" for m in moves) else "host"
-    at, short = tier_shortfall(state, moves, tier)
-    if short <= 0:
-        return best
-    found = regen_candidates(state.profile, 1.0 / state._speeds["offload", tier][1])
-
-    def timed(draft: Draft) -> float:
-        result = score(sim, budget_bytes, draft.actions, draft.initial)
-        return result.iteration_us if result.ok else float("inf")
-
-    tried: dict[tuple, tuple[float, Draft]] = {}
-
-    def attempt(margin: float) -> tuple[float, Draft] | None:
-        regens = tuple(cover(found, at, int(short * margin)))
-        if not regens or regens in tried:
-            return None
-        drafts = [d[0] for d in reversed(g10_drafts(*args, regens=regens))]   # the spread one first on ties
-        times = [timed(d) for d in drafts]
-        fastest = times.index(min(times))
-        tried[regens] = (times[fastest], drafts[fastest])
-        return tried[regens]
-
-    best_us = timed(best)
-    for step in (RECOMPUTE_STEP, 1.0 / RECOMPUTE_STEP):
-        margin, gains = (1.0 if step > 1.0 else 1.0 / RECOMPUTE_STEP), 0
-        while (found_now := attempt(margin)) is not None and found_now[0] < best_us:
-            best_us, best = found_now
-            margin *= step
-            gains += 1
-        if gains > 1:
-            break   # more than the shortfall did better: fewer will not
+        best = recompute_spills(sim, budget_bytes, best, state, moves,
+                                lambda regens: [d[0] for d in g10_drafts(*args, regens=regens)])
     return best
