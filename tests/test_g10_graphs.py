@@ -55,5 +55,6 @@ def test_a_g10_dump_reads_as_a_profile(tmp_path):
     assert ops["k2"].updates == ("tensor2",) and ops["k2"].inputs == ("tensor4",)
     tensors = {t.id: t for t in profile.tensors}
     assert {t for t, tensor in tensors.items() if tensor.persistent} == {"tensor1", "tensor2"}
-    assert (tensors["tensor1"].kind, tensors["tensor2"].kind, tensors["tensor3"].kind) == ("input", "weight", "activation")
+    kinds = (tensors["tensor1"].kind, tensors["tensor2"].kind, tensors["tensor3"].kind)
+    assert kinds == ("input", "weight", "activation")
     assert tensors["tensor3"].bytes == 16384 and profile.ideal_us == 3.5

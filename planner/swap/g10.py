@@ -150,7 +150,7 @@ from ..core.analysis import op_start_us, touches
 from ..core.api import score, simulator_for
 from ..core.estimate import MemoryEstimate
 from ..core.regen import Regen
-from ..core.lowering import PREFETCH, Step, issue_order, phase_of
+from ..core.lowering import DROP, PREFETCH, Step, issue_order, phase_of
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
 from ._g10_recompute import recompute_spills
 
@@ -466,7 +466,6 @@ class G10State:
                  spill: frozenset = frozenset(), regens: tuple[Regen, ...] = ()):
         self.profile = profile
         self.spill = spill          # tensors the spill choice sends to the SSD first
-        self.regens = regens        # gaps recomputed instead of moved (``recompute``)
         self.hardware = hardware
         self.rule_factor = rule_factor
         self.use_ssd = use_ssd
@@ -772,7 +771,7 @@ def to_actions(profile, moves: list[Move], regens: tuple[Regen, ...] = ()) -> tu
     prefetches by the op that needs them), the recomputes of ``regens`` after them (by
     the op they serve, then their producer), and the initial placements."""
     ops = profile.ops
-    keyed = [Step(r.after, phase_of(drop(r.tensor, "")), r.before, -1, drop(r.tensor, ops[r.after].id))
+    keyed = [Step(r.after, DROP, r.before, -1, drop(r.tensor, ops[r.after].id))
              for r in regens]
     initial: dict[str, str] = {}
     for move in moves:

@@ -213,15 +213,17 @@ def best_heuristic(profile, hardware, budget: int, heuristics: tuple[tuple[str, 
     """A function giving the plan of these heuristics that the simulator runs fastest
     within the budget (one that runs before one that does not; the first of equals), its
     notes naming it (``heuristic``: the planner, with its parameters when it has any): the
-    solvers' fallback, and with ``start=True`` their
-    MIP start. When none of them runs, the ``last_resort`` heuristics are tried as well.
+    solvers' fallback, and with ``start=True`` their MIP start. When none of them runs, the
+    ``last_resort`` heuristics are tried as well.
     ``also``: heuristics the fallback may be (tried after the others) but the start not.
     Each heuristic plans once."""
     ran: dict[int, tuple] = {}
+    sim = None   # the run's simulator, found at the first heuristic planned
 
     def planned(n: int, name: str, params: dict) -> tuple:
+        nonlocal sim
         if n not in ran:
-            sim = simulator_for(profile, hardware, options)
+            sim = sim or simulator_for(profile, hardware, options)
             spec = get_planner(name)
             candidate = spec.func(profile, hardware, budget, options=replace(DEFAULT_OPTIONS, simulator=sim),
                                   **spec.resolve(params))

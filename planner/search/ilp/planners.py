@@ -10,8 +10,8 @@ overlapped with it. Departures: a tensor's location is chosen per idle interval,
 a flow network (equivalent for moves that go out and come back once per interval);
 synchronous moves are the window's edge cases (release two ops after the last use,
 prefetch issued right before the next; where the window's model has no plan, a fetch position
-at the op before the use, which waits for the copy: ``candidates(sync=True)``); the write-once saving for read-only tensors is
-not modelled (every moved interval is written out, R16 makes that exact for tensors
+at the op before the use, which waits for the copy: ``candidates(sync=True)``); the write-once
+saving for read-only tensors is not modelled (every moved interval is written out, R16 makes that exact for tensors
 updated in place); a weight or optimizer state starts the iteration in host memory only
 where an op over the budget comes before its first touch (``initial``, off by default; a wrap candidate:
 fetched before its first touch, written back after its last); fragmentation does not
@@ -35,8 +35,8 @@ HiGHS's dual bound is a proven lower bound on that objective for this formulatio
 every plan: it fixes the op order, the windows and the candidate intervals). The heuristic
 fallback (the faster simulated of g10's plan and lms's, g10 host only for tmof; for joint
 the fastest of capuchin's, g10's and lms's, and of g10's with ``recompute``, which is not a
-start: common.py ``best_heuristic``, the registered planners run by name, ``heuristic`` in the notes; autoswap's when none of those runs,
-common.py ``LAST_RESORT``) is planned first
+start: common.py ``best_heuristic``, the registered planners run by name, ``heuristic`` in the
+notes; autoswap's when none of those runs, common.py ``LAST_RESORT``) is planned first
 and is the solver's MIP start (common.py ``best_start``; with ``start_positions``, autotm and
 tmof, the model first gains the positions the heuristic's moves ran at, refine.py
 ``at_positions_of``, so that it prices the start at its own timeline): its offload and prefetch pairs
@@ -81,8 +81,8 @@ import time
 from ...core.api import score, simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
 from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, RECOMPUTE_ALSO, RECOMPUTE_HEURISTICS,
-                     START_POSITIONS, SWAP_HEURISTICS, best_heuristic, best_start, fix_by_relaxation, lower_fastest, short_op,
-                     why_no_solution)
+                     START_POSITIONS, SWAP_HEURISTICS, best_heuristic, best_start, fix_by_relaxation, lower_fastest,
+                     short_op, why_no_solution)
 from .intervals import (MS, Formulation, candidates, decode_chains, recomputes, same_choices, slower_tiers_dominated,
                         wrap_candidates)
 from .refine import at_positions_of, refine, round_s
@@ -199,6 +199,8 @@ _COMMON = (
                                 "relaxation by IPM; candidates it leaves unused are fixed to stay)",
           low=1, high=10**9),
 )
+
+
 @register(
     "autotm",
     "AutoTM (ASPLOS'20): MILP over where each tensor lives between uses (GPU, host, SSD), "
