@@ -74,7 +74,8 @@ def test_a_solvers_plan_is_timed_by_the_refined_model(planner):
     # A window of 2 cannot hold t's 50 us copies: the refined model times the returned plan as simulated
     profile, hw = _long_gap(), machine(h2d=0.001, d2h=0.001)
     budget = max(profile.resident_bytes) - 1
-    planned = make_plan(profile, hw, budget, planner, {"window": 2}, options=RunOptions(time_limit=20, threads=1))
+    planned = make_plan(profile, hw, budget, planner, {"window": 2, "start_positions": False},
+                        options=RunOptions(time_limit=20, threads=1))   # the model's own positions, refined
     notes = planned.plan.planner.notes
     assert planned.result.ok and "fallback" not in notes
     assert notes["refinement"] and notes["refinement"][0]["grown"] >= 1
@@ -106,13 +107,15 @@ def test_a_heuristic_start_is_priced_at_the_positions_it_ran_at():
 def test_start_positions_price_the_heuristics_plan_at_its_own_timeline(planner):
     # lms's plan (170 us simulated: offload after r1, prefetch after i9) costs the window's model 210 us, as the
     # first test's plan does; with start_positions its offload's release gains op 7, where it ended, and the
-    # start costs 180 us; the solver's plan is then timed as simulated (deeptm's too, which without the
-    # positions returns lms's plan: its own simulates at 180 us)
+    # start costs 180 us; the solver's plan is then timed as simulated (deeptm's too, whose own plan without the
+    # positions simulates at 180 us: without polish it returns lms's plan, polished its prefetch goes one op
+    # earlier and it runs at 170 us, its own)
     profile, hw = _long_gap(), machine(h2d=0.001, d2h=0.001)
     budget = max(profile.resident_bytes) - 1
     extra = {"hot": 0.0} if planner == "deeptm" else {}
     options = RunOptions(time_limit=20, threads=1)
-    off = make_plan(profile, hw, budget, planner, {"window": 2, **extra}, options=options).plan.planner.notes
+    off = make_plan(profile, hw, budget, planner, {"window": 2, "start_positions": False, "polish": False, **extra},
+                    options=options).plan.planner.notes
     on = make_plan(profile, hw, budget, planner, {"window": 2, "start_positions": True, **extra},
                    options=options).plan.planner.notes
     assert "start_positions" not in off and off["start_model_us"] == pytest.approx(210.0)
@@ -120,6 +123,12 @@ def test_start_positions_price_the_heuristics_plan_at_its_own_timeline(planner):
     assert on["heuristic_us"] == pytest.approx(170.0) and "fallback" not in on
     assert on["model_objective_us"] == pytest.approx(on["simulated_us"]) == pytest.approx(170.0)
     assert ("fallback" in off) == (planner == "deeptm")
+    polished = make_plan(profile, hw, budget, planner, {"window": 2, "start_positions": False, **extra},
+                         options=options).plan.planner.notes
+    assert "fallback" not in polished and polished["simulated_us"] == pytest.approx(170.0)
+    assert ("polish" in polished) == (planner == "deeptm")
+    if planner == "deeptm":
+        assert polished["polish"]["before_us"] == pytest.approx(180.0) and polished["polish"]["changes"] == 1
 
 
 def test_a_heuristics_moves_of_small_tensors_gain_candidates_at_their_positions():

@@ -75,7 +75,7 @@ from simulator.compile.compiled import link_speed, transfer_links
 from simulator.hardware import Hardware
 from simulator.profile import Profile
 
-from .analysis import fastest_time_us, least_workspace, op_start_us
+from .analysis import fastest_time_us, least_workspace, op_start_us, recomputable_until
 
 
 @dataclass(frozen=True)
@@ -287,7 +287,7 @@ class _Lifetimes:
         self.first = np.array([first for first, _ in spans], dtype=np.int64)
         self.last = np.array([last for _, last in spans], dtype=np.int64)
         self.size, self.ratio = size[order], ratio[order]
-        self.until = np.array([_recomputable_until(profile, kept[i].id) for i in order], dtype=np.int64)
+        self.until = np.array([recomputable_until(profile, kept[i].id) for i in order], dtype=np.int64)
 
     def idle_at(self, p: int, touched) -> tuple[np.ndarray, np.ndarray]:
         """(time per byte, bytes) of the tensors live at op p that p does not touch and
@@ -300,18 +300,6 @@ class _Lifetimes:
                 live[k] = False
         may = live & (self.until > p)
         return self.ratio[may], self.size[may]
-
-
-def _recomputable_until(profile: Profile, tid: str) -> int:
-    """The first op position p at which the tensor, idle at p, can no longer be off the
-    GPU by a recompute after p (R15: a recompute is invalid if the producer updates
-    anything in place, or if the tensor was updated in place after it was produced): its
-    producer's position if the producer updates in place (never), else its first in-place
-    update (an update at u < p has run before any recompute after p), else past the end."""
-    made_by = profile.producer[tid]
-    if profile.ops[made_by].updates:
-        return made_by
-    return min(profile.updaters[tid], default=len(profile.ops))
 
 
 def _recompute_all_us(ratio: np.ndarray, size: np.ndarray, excess: int) -> float:

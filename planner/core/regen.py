@@ -16,7 +16,7 @@ import numpy as np
 
 from simulator.profile import Profile
 
-from .analysis import idle_gaps, op_start_us, touches
+from .analysis import held_per_op, idle_gaps, op_start_us, recomputable_until, touches
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def candidates(profile: Profile, max_us_per_byte: float, min_gap: int = 2) -> li
 
 
 def _may_recompute(profile: Profile, tid: str, made_by: int, op, before: int, last_touch: dict[str, int]) -> bool:
-    if any(made_by < u < before for u in profile.updaters[tid]):
+    if recomputable_until(profile, tid) < before:   # R15, as the bound has it
         return False
     for source in op.inputs:
         if source not in last_touch:
@@ -108,11 +108,6 @@ def shortfall(starts_us, bytes_per_us: float, held: list[tuple[int, int, int]]) 
     there, and by how many bytes: at each op position k, the bytes of ``held`` ((lo, hi,
     bytes): in the tier at op positions [lo, hi)), which were written by then, less what
     the tier can write from the iteration start to k's start (``starts_us``)."""
-    n = len(starts_us)
-    tally = np.zeros(n + 1, dtype=np.int64)
-    for lo, hi, nbytes in held:
-        tally[lo] += nbytes
-        tally[hi] -= nbytes
-    behind = np.cumsum(tally[:n]) - bytes_per_us * np.asarray(starts_us, dtype=float)
+    behind = held_per_op(len(starts_us), held) - bytes_per_us * np.asarray(starts_us, dtype=float)
     at = int(np.argmax(behind))
     return at, float(behind[at])

@@ -36,9 +36,10 @@ What it does
    budget (checked before solving, from the candidates' bytes at each op), ``hot`` is
    halved until they can (0: every candidate); if HiGHS proves the cold model
    infeasible (the byte check ignores the model's timing), it is solved again over
-   every candidate in the time left. The solution is lowered as tmof's is
-   (each prefetch queue order tried, the fastest simulated kept). The faster of g10's
-   host-only plan and lms's (planner/search/ilp/common.py ``best_heuristic``; with
+   every candidate in the time left. The solution is lowered, refined and polished as
+   tmof's is (each prefetch queue order tried, the fastest simulated kept; ``polish``).
+   The fastest of g10's host-only plan, lms's and autoswap's
+   (planner/search/ilp/common.py ``best_heuristic``; with
    ``start_positions`` the model first gains the positions its moves ran at, refine.py
    ``at_positions_of``) is the MILP's start where the model has its moves (planner/search/ilp/common.py
    ``best_start``; hot tensors' moves are not, and moves are added where it needs more
@@ -92,10 +93,10 @@ from simulator.plan import Action
 from ..core.analysis import op_start_us, touches
 from ..core.api import score, simulator_for
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
-from .ilp.common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, START_POSITIONS, best_heuristic, best_start,
-                         fix_by_relaxation, lower_fastest, why_no_solution)
+from .ilp.common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, POLISH, START_POSITIONS_ON,
+                         best_heuristic, best_start, fix_by_relaxation, lower_fastest, why_no_solution)
 from .ilp.intervals import Formulation, candidates
-from .ilp.refine import at_positions_of, refine, round_s
+from .ilp.refine import at_positions_of, polish_s, polished, refine, round_s
 
 WINDOW = 20
 
@@ -315,7 +316,7 @@ def best_aggregation(sim, budget: int, actions: list[Action], initial: dict, pag
 
 
 def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_above: int, fallback, notes: dict,
-               start_positions: bool = False, window: int | None = None):
+               start_positions: bool = False, window: int | None = None, polish: bool = True):
     """tmof's solve (planner/search/ilp/planners.py ``solve_swap_milp``) over the given
     candidates: (actions, initial, status, gap, estimate)."""
     started = time.perf_counter()
@@ -346,8 +347,8 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     start = best_start(form, sim, budget, backup, max(1.0, 0.1 * limit), options.threads, notes,
                        copy_start=start_positions)
     left = deadline - time.perf_counter()
-    rounds_s = round_s(built, left)
-    limit = max(1.0, left - min(0.05 * left, 10.0) - rounds_s)
+    rounds_s, polish_for = round_s(built, left), polish_s(left) if polish else 0.0
+    limit = max(1.0, left - min(0.05 * left, 10.0) - rounds_s - polish_for)
     solution = form.model.solve(limit, options.threads, options.seed, gap, start=start)
     if solution.status == "feasible":
         solution = form.model.polish(solution, max(1.0, deadline - time.perf_counter()), options.threads, gap)
@@ -363,6 +364,8 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
                           gap, token=False, advances=(0,), overrun_s=rounds_s)
     if rounds or best.estimate_us != first_us:   # refined (a last pass may time the plan without a round)
         notes.update(refinement=rounds, first_model_objective_us=first_us)
+    if polish:
+        best = polished(sim, budget, best, polish_for, notes)
     result, actions, estimate = best.result, best.actions, best.estimate_us
     notes.update(moved=len(best.chosen), model_objective_us=estimate)
     notes.update(heuristic_us=backup_result.iteration_us if backup_result.ok else None,
@@ -389,14 +392,14 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
                         low=0.0, high=1.0),
                   Param("fix_above", 100_000, "MILPs with more columns are first reduced by LP-guided fixing",
                         low=1, high=10**9),
-                  START_POSITIONS),
+                  START_POSITIONS_ON, POLISH),
           moves_persistent=True,
           paper="Zhou et al., DeepTM: Efficient Tensor Management in Heterogeneous Memory for DNN Training, "
                 "IEEE TPDS 35(11), 2024",
           searches=True)
 def plan_deeptm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, hot=0.3, w_access=1.0, w_reuse=1.0,
                 w_idle=1.0, w_size=1.0, window=WINDOW, page_bytes=-1, gap=1e-3, fix_above=100_000,
-                start_positions=False) -> Draft:
+                start_positions=True, polish=True) -> Draft:
     weights = {"access": w_access, "reuse": w_reuse, "idle": w_idle, "size": w_size}
     cands = candidates(profile, hardware, budget_bytes, window, ("host",))
     notes: dict = {"candidates": len(cands), "window": window}
@@ -411,7 +414,8 @@ def plan_deeptm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, hot
     gap = DEFAULT_GAP if gap is None else gap
     started = time.perf_counter()
     actions, initial, status, solved_gap, estimate = solve_cold(
-        profile, hardware, budget_bytes, cold, options, gap, fix_above, fallback, notes, start_positions, window)
+        profile, hardware, budget_bytes, cold, options, gap, fix_above, fallback, notes, start_positions, window,
+        polish)
     if notes.get("solver") == "Infeasible" and len(cold) < len(cands):
         # the hot tensors were needed after all (the byte check is not the model's timing): every candidate
         left = (options.time_limit or DEFAULT_TIME_LIMIT) - (time.perf_counter() - started)
@@ -422,7 +426,7 @@ def plan_deeptm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, hot
             notes.pop("fallback", None)
             actions, initial, status, solved_gap, estimate = solve_cold(
                 profile, hardware, budget_bytes, cands, replace(options, time_limit=left), gap, fix_above,
-                fallback, notes, start_positions, window)
+                fallback, notes, start_positions, window, polish)
     actions, result, agg = best_aggregation(sim, budget_bytes, list(actions), initial, page_bytes)
     notes.update(agg)
     return Draft(actions=actions, initial=initial, status=status, gap=solved_gap, estimate_us=estimate, notes=notes)

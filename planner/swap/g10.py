@@ -146,7 +146,7 @@ import numpy as np
 from simulator.compile.compiled import LINKS, link_speed, transfer_links
 from simulator.plan import drop, offload, prefetch, recompute
 
-from ..core.analysis import op_start_us, touches
+from ..core.analysis import held_per_op, op_start_us, touches
 from ..core.api import score, simulator_for
 from ..core.estimate import MemoryEstimate
 from ..core.regen import Regen
@@ -810,11 +810,7 @@ def spill_choice(state: G10State, moves: list[Move]) -> frozenset:
         else:
             found[0], found[1] = min(found[0], lo), max(found[1], hi)
             found[3], found[4] = max(found[3], ssd_us), min(found[4], iv.order)
-    held = np.zeros(n + 1, dtype=np.int64)
-    for lo, hi, nbytes, _, _ in span.values():
-        held[lo] += nbytes
-        held[hi] -= nbytes
-    over = np.cumsum(held[:n]) - state.space.capacity["host"]
+    over = held_per_op(n, [(lo, hi, nbytes) for lo, hi, nbytes, _, _ in span.values()]) - state.space.capacity["host"]
     if over.max() <= 0:
         return frozenset()
     eligible = [(tensor, found) for tensor, found in span.items()

@@ -13,7 +13,7 @@ import numpy as np
 from simulator.plan import Plan, drop, offload, prefetch, recompute
 
 from ...core.api import score, simulator_for
-from ...core.analysis import touches
+from ...core.analysis import held_per_op, touches
 from ...core.lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from ...core.registry import DEFAULT_OPTIONS, Param, RunOptions, get_planner
 from .intervals import (MS, Chosen, Formulation, Recompute, decode, decode_chains, decode_recomputes, initial_of,
@@ -185,27 +185,36 @@ def lower_fastest(profile, sim, budget: int, form: Formulation, values: np.ndarr
 
 
 # The heuristics the solvers start from and fall back to ((planner, parameters)): the
-# fastest simulated of them is the MIP start (lms is often faster than g10 on a swap-only
-# budget: GPT-2 at 50% 4.103 s against 4.111 s, ResNet-152 at 50% 4.187 s against 4.232 s).
-SWAP_HEURISTICS = (("g10", {}), ("lms", {}))
-HOST_HEURISTICS = (("g10", {"ssd": False}), ("lms", {}))
-# joint (swap + recompute) also starts from capuchin's plan; it may return g10's with what the link
-# cannot move out in time recomputed instead (g10's ``recompute``: SENet-154 b1024 on G10's machine
-# 1.042x against 1.244x, ResNet-152 b512 at 30% 3.47 s against 5.49 s) but does not start from it:
-# started there, HiGHS ended slower on ResNet-50 at 30% (2.688 s against 2.643 s) and GPT-2 at 30%.
-RECOMPUTE_HEURISTICS = (("capuchin", {}),) + SWAP_HEURISTICS
+# fastest simulated of them is the MIP start. Each is the fastest somewhere: lms on GPT-2 at
+# 50% (4.103 s against g10's 4.111 s), autoswap on ResNet-50 at 50% (4.020 s), ResNet-152 and
+# GPT-2 at 30%, and only autoswap fits VGG-16 b1024 at 30% (9.994 s).
+SWAP_HEURISTICS = (("g10", {}), ("lms", {}), ("autoswap", {}))
+HOST_HEURISTICS = (("g10", {"ssd": False}), ("lms", {}), ("autoswap", {}))
+# joint (swap + recompute) starts from capuchin's, g10's or lms's plan; it may return g10's with
+# what the link cannot move out in time recomputed instead (g10's ``recompute``: SENet-154 b1024
+# on G10's machine 1.042x against 1.244x, ResNet-152 b512 at 30% 3.47 s against 5.49 s) but does
+# not start from it: started there, HiGHS ended slower on ResNet-50 at 30% (2.688 s against
+# 2.643 s) and GPT-2 at 30%.
+RECOMPUTE_HEURISTICS = (("capuchin", {}), ("g10", {}), ("lms", {}))
 RECOMPUTE_ALSO = (("g10", {"recompute": True}),)
-# Run only when none of those runs within the budget: autoswap (host swaps) fits VGG-16 b1024 at
-# 30% (9.994 s) where g10's and lms's plans do not and the interval model has no plan. Not in
-# the pool itself: it is faster than both on ResNet-50 at 50% (4.020 s), where autotm's own
-# plan (4.023-4.028 s) would then be returned as a fallback (docs/ilp.md).
+# Run only when none of the pool runs within the budget (joint: autoswap fits VGG-16 b1024 at
+# 30% where capuchin's, g10's and lms's plans do not); a pool that has it plans it once.
 LAST_RESORT = (("autoswap", {}),)
 
 
+# The solvers' ``polish`` parameter (autotm, tmof, joint, deeptm): refine.py ``polished``.
+POLISH = Param("polish", True, "last, try small changes to the plan's swaps (a prefetch or offload issued a few ops "
+                               "earlier or later, one move more or less) and keep each the simulator runs faster "
+                               "(docs/ilp.md \"Polish\"; false: the MILP's plan as lowered and refined)")
+
 # The solvers' ``start_positions`` parameter (autotm, tmof, deeptm): refine.py ``at_positions_of``.
+# On by default for tmof and deeptm, off for autotm (docs/ilp.md "The MIP start": measured on the
+# six profiles at 50% and 30%, on made tmof and deeptm faster in more cells than slower; autotm's
+# solve on GPT-2 at 50% then never leaves lms's moves, where off it finds a faster plan of its own).
 START_POSITIONS = Param("start_positions", False, "add the positions the heuristic's moves ran at to the model "
                                                   "before the solve, so that the MIP start is priced at its own "
-                                                  "timeline (docs/ilp.md: faster plans on ResNet-152, slower on GPT-2)")
+                                                  "timeline (docs/ilp.md \"The MIP start\")")
+START_POSITIONS_ON = replace(START_POSITIONS, default=True)
 
 
 def best_heuristic(profile, hardware, budget: int, heuristics: tuple[tuple[str, dict], ...], options: RunOptions,
@@ -234,7 +243,7 @@ def best_heuristic(profile, hardware, budget: int, heuristics: tuple[tuple[str, 
 
     def draft(start: bool = False):
         best = None
-        pool = heuristics + last_resort
+        pool = heuristics + tuple(h for h in last_resort if h not in heuristics)
         for n, (name, params) in enumerate(pool + (() if start else also)):
             if len(heuristics) <= n < len(pool) and not best[0][0]:
                 continue   # one of the pool runs: the last resort is not needed
@@ -258,11 +267,7 @@ def short_op(form: Formulation) -> tuple[str, int] | None:
     for lo, hi, key, nbytes in intervals:
         old = spans.get(key, (lo, hi, nbytes))
         spans[key] = (min(old[0], lo), max(old[1], hi), nbytes)
-    free = np.zeros(form.n + 1, dtype=np.int64)
-    for lo, hi, nbytes in spans.values():
-        free[lo] += nbytes
-        free[hi] -= nbytes
-    free = np.cumsum(free)[:form.n]
+    free = held_per_op(form.n, spans.values())
     resident = np.asarray(form.profile.resident_bytes, dtype=np.int64)
     for i in form.over_ops:
         if resident[i] - free[i] > form.budget:

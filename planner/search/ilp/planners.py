@@ -33,10 +33,10 @@ prefetch due at the recompute, as Capuchin retargets it).
 All: the MILP's objective is its predicted iteration time (the sum of step times), and
 HiGHS's dual bound is a proven lower bound on that objective for this formulation (not on
 every plan: it fixes the op order, the windows and the candidate intervals). The heuristic
-fallback (the faster simulated of g10's plan and lms's, g10 host only for tmof; for joint
-the fastest of capuchin's, g10's and lms's, and of g10's with ``recompute``, which is not a
-start: common.py ``best_heuristic``, the registered planners run by name, ``heuristic`` in the
-notes; autoswap's when none of those runs, common.py ``LAST_RESORT``) is planned first
+fallback (the fastest simulated of g10's, lms's and autoswap's plans, g10 host only for tmof;
+for joint the fastest of capuchin's, g10's and lms's, and of g10's with ``recompute``, which is
+not a start: common.py ``best_heuristic``, the registered planners run by name, ``heuristic`` in
+the notes; autoswap's when none of joint's runs, common.py ``LAST_RESORT``) is planned first
 and is the solver's MIP start (common.py ``best_start``; with ``start_positions``, autotm and
 tmof, the model first gains the positions the heuristic's moves ran at, refine.py
 ``at_positions_of``, so that it prices the start at its own timeline): its offload and prefetch pairs
@@ -56,7 +56,8 @@ solution is lowered with its prefetches queued in each order of ``QUEUES`` (comm
 deadline, the model's finishing order, earliest deadline among those issued), each at
 the model's fetch positions and ``EARLIER`` ops before them, with the offloads at the
 last use or after the last write before it (common.py ``offload_points``, as LMS issues
-them), and the fastest simulated is kept.
+them), and the fastest simulated is kept; it is refined (refine.py) and, with ``polish``,
+polished last (planner/core/polish.py: small changes to its swaps the simulator judges).
 
 Where the model's time departs from the simulator's (docs/ilp.md): an offload must end
 within ``window`` ops of its last use (the paper's window; the simulator lets it run on,
@@ -80,22 +81,23 @@ import time
 
 from ...core.api import score, simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
-from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, RECOMPUTE_ALSO, RECOMPUTE_HEURISTICS,
-                     START_POSITIONS, SWAP_HEURISTICS, best_heuristic, best_start, fix_by_relaxation, lower_fastest,
-                     short_op, why_no_solution)
+from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, POLISH, RECOMPUTE_ALSO, RECOMPUTE_HEURISTICS,
+                     START_POSITIONS, START_POSITIONS_ON, SWAP_HEURISTICS, best_heuristic, best_start,
+                     fix_by_relaxation, lower_fastest, short_op, why_no_solution)
 from .intervals import (MS, Formulation, candidates, decode_chains, recomputes, same_choices, slower_tiers_dominated,
                         wrap_candidates)
-from .refine import at_positions_of, refine, round_s
+from .refine import at_positions_of, polish_s, polished, refine, round_s
 
 
 def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tiers: tuple[str, ...], window: int,
                     token: bool, gap: float | None, fallback, recompute_too: bool = False,
                     fix_above: int = 100_000, reach: bool = False, far: int = 0, wrap: bool = False,
-                    start_positions: bool = False) -> Draft:
+                    start_positions: bool = False, polish: bool = True) -> Draft:
     """Build, solve, decode and judge one swap MILP; ``fallback()`` gives the heuristic draft (the
     fallback), ``fallback(start=True)`` the one the solver starts from.
     ``start_positions``: the model first gains the positions the heuristic's moves ran at
-    (not for recomputes, nor in the ``reach`` model, whose positions are its own)."""
+    (not for recomputes, nor in the ``reach`` model, whose positions are its own).
+    ``polish``: the plan is polished last (refine.py ``polished``)."""
     started = time.perf_counter()
     deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
     sim = simulator_for(profile, hardware, options)
@@ -154,8 +156,8 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     start = best_start(form, sim, budget, start_from, max(1.0, 0.1 * (deadline - time.perf_counter())),
                        options.threads, notes, given, copy_start=start_positions)
     left = deadline - time.perf_counter()
-    rounds_s = round_s(built, left)
-    limit = max(1.0, left - min(0.05 * left, 10.0) - rounds_s)   # the rest: lowering, refining
+    rounds_s, polish_for = round_s(built, left), polish_s(left) if polish else 0.0
+    limit = max(1.0, left - min(0.05 * left, 10.0) - rounds_s - polish_for)   # the rest: lowering, refining, polish
     options.say(f"MILP: {form.model.num_cols} columns, {form.model.num_rows} rows; solving (limit {limit:.0f} s)")
     solution = form.model.solve(limit, options.threads, options.seed, gap, start=start)
     if solution.status == "feasible":   # stopped early: place its copies as well as they go
@@ -178,6 +180,8 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
                           gap, token, overrun_s=rounds_s)
     if rounds or best.estimate_us != first_us:   # refined (a last pass may time the plan without a round)
         notes.update(refinement=rounds, first_model_objective_us=first_us)
+    if polish:
+        best = polished(sim, budget, best, polish_for, notes)
     result, estimate = best.result, best.estimate_us
     notes.update(moved=len(best.chosen), start_in_host=len(best.initial), recomputed=len(best.redone),
                  chain_recomputes=len(decode_chains(best.redone)), prefetch_queue=best.queue,
@@ -193,6 +197,7 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
 
 
 _COMMON = (
+    POLISH,
     Param("gap", 1e-3, "stop when the solution is proven within this relative gap of the optimum",
           low=0.0, high=1.0),
     Param("fix_above", 100_000, "models with more columns are first reduced by LP-guided fixing (the LP "
@@ -222,12 +227,13 @@ _COMMON = (
     searches=True,
 )
 def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=15, ssd=True, reach=False,
-                far=0, initial=False, start_positions=False, gap=1e-3, fix_above=100_000):
+                far=0, initial=False, start_positions=False, polish=True, gap=1e-3, fix_above=100_000):
     tiers = ("host", "ssd") if ssd and hardware.ssd is not None else ("host",)
     heuristics = SWAP_HEURISTICS if "ssd" in tiers else HOST_HEURISTICS
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=tiers, window=window, token=False,
                            gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes, heuristics, options),
-                           fix_above=fix_above, reach=reach, far=far, wrap=initial, start_positions=start_positions)
+                           fix_above=fix_above, reach=reach, far=far, wrap=initial, start_positions=start_positions,
+                           polish=polish)
 
 
 @register(
@@ -238,17 +244,17 @@ def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, win
             Param("token", False, "TMOF's contention avoidance as a constraint: never two offloads in flight "
                                   "in one step (FIFO streams already serialise them; this also forbids issuing "
                                   "one while another runs, and makes the MILP much harder)"),
-            START_POSITIONS) + _COMMON,
+            START_POSITIONS_ON) + _COMMON,
     moves_persistent=True,
     paper="Lin et al., TMOF: tensor movement orchestration, HPCA 2023 (formulation not public: "
           "this one is written in its spirit)",
     searches=True,
 )
 def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, token=False,
-              start_positions=False, gap=1e-3, fix_above=100_000):
+              start_positions=True, polish=True, gap=1e-3, fix_above=100_000):
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=token,
                            gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes, HOST_HEURISTICS, options),
-                           fix_above=fix_above, start_positions=start_positions)
+                           fix_above=fix_above, start_positions=start_positions, polish=polish)
 
 
 @register(
@@ -264,8 +270,9 @@ def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, windo
           "limits): the joint formulation here is this project's",
     searches=True,
 )
-def plan_joint(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, gap=1e-3, fix_above=100_000):
+def plan_joint(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, polish=True, gap=1e-3,
+               fix_above=100_000):
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=False,
                            gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes, RECOMPUTE_HEURISTICS,
                                                             options, also=RECOMPUTE_ALSO),
-                           recompute_too=True, fix_above=fix_above)
+                           recompute_too=True, fix_above=fix_above, polish=polish)

@@ -10,6 +10,8 @@ for each move of the plan, the op its offload had ended by and the op its prefet
 copy started in, adds those as positions of that move's candidate, prices the plan in
 the larger model (now close to the simulated time: it is the plan's own timeline) and
 solves again from it. Each round's plan is kept when the simulator runs it faster.
+Last, the plan is polished (planner/core/polish.py): small changes to its moves, each
+kept when the simulator runs the plan strictly faster.
 """
 from __future__ import annotations
 
@@ -20,11 +22,14 @@ import numpy as np
 
 from simulator.plan import Plan
 
+from ...core.polish import polish
 from .common import Lowered, lower_fastest
 from .intervals import Candidate, Formulation, candidates, copy_times, predicted_us, same_choices
 
 ROUNDS = 2          # refinement rounds at most (the second adds positions only where the first moved them)
 SHARE = 0.25        # of the time left after the start, the most kept for refinement
+POLISH_SHARE = 0.05  # of the time left before the solve, kept for polish ...
+POLISH_MAX_S = 5.0   # ... up to this many seconds
 
 
 def round_s(build_s: float, left_s: float) -> float:
@@ -199,3 +204,22 @@ def refine(form: Formulation, sim, budget: int, best: Lowered, deadline: float, 
         rounds.append(note)
     return best, rounds
 
+
+
+def polish_s(left_s: float) -> float:
+    """Seconds kept for polish out of ``left_s`` (the solve gives them up)."""
+    return min(POLISH_SHARE * left_s, POLISH_MAX_S)
+
+
+def polished(sim, budget: int, best: Lowered, seconds: float, notes: dict) -> Lowered:
+    """``best`` after polish (planner/core/polish.py), for ``seconds`` at most; when it
+    kept a change, ``polish`` in the notes says how many, in how many simulations, and
+    the time before (``estimate_us`` stays the model's time of the solver's plan)."""
+    if not best.result.ok or not best.actions:
+        return best
+    done = polish(sim.profile, sim, budget, best.actions, best.initial, time.perf_counter() + seconds)
+    if not done.changes:
+        return best
+    notes.update(polish={"changes": done.changes, "simulations": done.runs,
+                         "before_us": best.result.iteration_us})
+    return replace(best, actions=done.actions, result=done.result)

@@ -1,0 +1,120 @@
+"""Polish (planner/core/polish.py): a local search on a plan's swaps, judged by the simulator.
+
+Machine (tests/engine_helpers.py): PCIe 1 B/us each way, no latency: 100 B take 100 us.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from planner.core.api import simulator_for
+from planner.core.polish import polish
+from simulator.plan import Plan, drop, offload, prefetch, recompute
+from tests.engine_helpers import machine
+from tests.test_engine_properties import scenarios
+from tests.test_planner_g10 import chain_profile
+
+
+def far():
+    return time.perf_counter() + 60.0
+
+
+def test_a_late_prefetch_is_issued_earlier():
+    # p0..p7 of 100 us (ideal 800); A (100 B) made by p0, read by p7; a 50 B workspace at
+    # p3: 100 + 2 chain tensors + 50 = 152 B there, over the 110 B budget. A out after p0
+    # (100-200 us), back after p6: the copy runs 700-800 and p7 waits 100 us: 900 us.
+    # The first shift tried that helps (-16 and -4 ops are before the offload or at p2):
+    # issued after p2 (300 us), the copy waits for p3's workspace (R12) and runs 400-500;
+    # A is back long before p7: 800 us, the ideal.
+    profile = chain_profile("late", 8, {"A": (100, "activation")}, {0: ((), ("A",), 0), 3: ((), (), 50),
+                                                                      7: (("A",), (), 0)})
+    sim = simulator_for(profile, machine())
+    actions = [offload("A", "p0"), prefetch("A", "p6", "p7")]
+    assert sim.simulate(_plan(profile, actions), 110).iteration_us == pytest.approx(900.0)
+    done = polish(profile, sim, 110, actions, {}, far())
+    assert done.result.ok and done.result.iteration_us == pytest.approx(800.0)
+    assert done.changes == 1
+    assert done.actions == [offload("A", "p0"), prefetch("A", "p2", "p7")]
+
+
+def test_a_move_that_only_costs_is_taken_back():
+    # p0..p3 of 100 us (ideal 400); B (300 B) made by p0, read by p3; everything fits the
+    # budget. Out after p0 (copy 100-400 us), back after p1: the prefetch starts when the
+    # offload has ended (400-700) and p3 waits until 700: 800 us. No shift helps (after
+    # p2 the copy still starts at 400; the offload cannot move past its prefetch); without
+    # the move the plan runs at the ideal.
+    profile = chain_profile("costly", 4, {"B": (300, "activation")}, {0: ((), ("B",), 0), 3: (("B",), (), 0)})
+    sim = simulator_for(profile, machine())
+    actions = [offload("B", "p0"), prefetch("B", "p1", "p3")]
+    done = polish(profile, sim, 1000, actions, {}, far())
+    assert done.result.iteration_us == pytest.approx(400.0)
+    assert done.actions == [] and done.changes == 1
+
+
+def test_a_plan_at_the_ideal_or_one_that_does_not_run_is_kept():
+    # As the first test with a second tensor D (50 B, made by p1, read by p6) and the budget
+    # at 160 B: with A out after p0, p3 holds D 50 + 2 + 50 = 102 B; A's prefetch after p5
+    # runs 600-700 (p6 holds D 50 + 2 + A 100 = 152 B), so the plan runs at the ideal,
+    # 800 us, and no change can be strictly faster: polish keeps it.
+    tensors = {"A": (100, "activation"), "D": (50, "activation")}
+    extra = {0: ((), ("A",), 0), 1: ((), ("D",), 0), 3: ((), (), 50), 6: (("D",), (), 0), 7: (("A",), (), 0)}
+    profile = chain_profile("more", 8, tensors, extra)
+    sim = simulator_for(profile, machine())
+    alone = [offload("A", "p0"), prefetch("A", "p5", "p7")]
+    done = polish(profile, sim, 160, alone, {}, far())
+    assert done.result.iteration_us == pytest.approx(800.0) and done.actions == alone and done.changes == 0
+    # At 60 B the plan does not run (at p3, 102 B with A off): polish leaves it alone.
+    done = polish(profile, sim, 60, alone, {}, far())
+    assert not done.result.ok and done.actions == alone and done.changes == 0
+
+
+def test_the_changes_tried_in_order():
+    # The first test's graph with D (50 B) made by p1 and read by p6, at a 110 B budget (p3
+    # is over it): A's offload may be issued 1 or 3 ops later (before its prefetch after
+    # p6), its prefetch 1 or 4 ops earlier or 1 later (after the offload, before p7); D may
+    # move out after p1 and back after p6 - 4 = p2 (16 ops before p6 is before p2: p2 too,
+    # tried once); A's move may be taken back.
+    from planner.core.polish import _addable_gaps, _neighbours
+    tensors = {"A": (100, "activation"), "D": (50, "activation")}
+    extra = {0: ((), ("A",), 0), 1: ((), ("D",), 0), 3: ((), (), 50), 6: (("D",), (), 0), 7: (("A",), (), 0)}
+    profile = chain_profile("tried", 8, tensors, extra)
+    actions = [offload("A", "p0"), prefetch("A", "p6", "p7")]
+    assert _addable_gaps(profile, 110) == [("A", 0, 7), ("D", 1, 6)]
+    assert _neighbours(profile, actions, _addable_gaps(profile, 110)) == [
+        ("issue", 0, 1), ("issue", 0, 3), ("issue", 1, 2), ("issue", 1, 5),
+        ("add", "D", 1, 2, 6), ("keep", "A")]
+
+
+def test_a_tensor_with_other_actions_is_left_alone():
+    # A is dropped and recomputed besides its move: polish changes none of its actions.
+    profile = chain_profile("other", 8, {"A": (100, "activation")}, {0: ((), ("A",), 0), 3: ((), (), 50),
+                                                                       4: (("A",), (), 0), 7: (("A",), (), 0)})
+    sim = simulator_for(profile, machine())
+    actions = [offload("A", "p0"), prefetch("A", "p2", "p4"), drop("A", "p4"), recompute("A", "p7")]
+    start = sim.simulate(_plan(profile, actions), 110)
+    done = polish(profile, sim, 110, actions, {}, far())
+    assert done.actions == actions and done.result.iteration_us == start.iteration_us
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_polish_never_slows_a_plan_and_repeats_itself(scenario):
+    profile, plan, hardware, budget = scenario
+    sim = simulator_for(profile, hardware)
+    before = sim.simulate(plan, budget)
+    first = polish(profile, sim, budget, list(plan.actions), {}, far())
+    again = polish(profile, sim, budget, list(plan.actions), {}, far())
+    assert first.actions == again.actions and first.changes == again.changes
+    if not before.ok:
+        assert first.actions == list(plan.actions)
+        return
+    assert first.result.ok and first.result.iteration_us <= before.iteration_us
+    assert (first.changes == 0) == (first.result.iteration_us == before.iteration_us)
+    assert sim.simulate(_plan(profile, first.actions), budget).iteration_us == \
+        pytest.approx(first.result.iteration_us)
+
+
+def _plan(profile, actions):
+    return Plan(profile.name, tuple(actions))
