@@ -208,9 +208,10 @@ POLISH = Param("polish", True, "last, try small changes to the plan's swaps (a p
                                "(docs/ilp.md \"Polish\"; false: the MILP's plan as lowered and refined)")
 
 # The solvers' ``start_positions`` parameter (autotm, tmof, deeptm): refine.py ``at_positions_of``.
-# On by default for tmof and deeptm, off for autotm (docs/ilp.md "The MIP start": measured on the
-# six profiles at 50% and 30%, on made tmof and deeptm faster in more cells than slower; autotm's
-# solve on GPT-2 at 50% then never leaves lms's moves, where off it finds a faster plan of its own).
+# On by default for deeptm, off for autotm and tmof (docs/ilp.md "The MIP start": measured on the
+# six profiles at 50% and 30%, on made deeptm faster in 6 cells and slower in 1; autotm's solve on
+# GPT-2 at 50% then never leaves lms's moves, and tmof's larger model does not prove its 0.1% gap
+# on GPT-2 at 40 GiB in 30 s, which it does without).
 START_POSITIONS = Param("start_positions", False, "add the positions the heuristic's moves ran at to the model "
                                                   "before the solve, so that the MIP start is priced at its own "
                                                   "timeline (docs/ilp.md \"The MIP start\")")

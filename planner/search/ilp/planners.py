@@ -82,7 +82,7 @@ import time
 from ...core.api import score, simulator_for
 from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
 from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, POLISH, RECOMPUTE_ALSO, RECOMPUTE_HEURISTICS,
-                     START_POSITIONS, START_POSITIONS_ON, SWAP_HEURISTICS, best_heuristic, best_start,
+                     START_POSITIONS, SWAP_HEURISTICS, best_heuristic, best_start,
                      fix_by_relaxation, lower_fastest, short_op, why_no_solution)
 from .intervals import (MS, Formulation, candidates, decode_chains, recomputes, same_choices, slower_tiers_dominated,
                         wrap_candidates)
@@ -244,14 +244,14 @@ def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, win
             Param("token", False, "TMOF's contention avoidance as a constraint: never two offloads in flight "
                                   "in one step (FIFO streams already serialise them; this also forbids issuing "
                                   "one while another runs, and makes the MILP much harder)"),
-            START_POSITIONS_ON) + _COMMON,
+            START_POSITIONS) + _COMMON,
     moves_persistent=True,
     paper="Lin et al., TMOF: tensor movement orchestration, HPCA 2023 (formulation not public: "
           "this one is written in its spirit)",
     searches=True,
 )
 def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, token=False,
-              start_positions=True, polish=True, gap=1e-3, fix_above=100_000):
+              start_positions=False, polish=True, gap=1e-3, fix_above=100_000):
     return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=token,
                            gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes, HOST_HEURISTICS, options),
                            fix_above=fix_above, start_positions=start_positions, polish=polish)
