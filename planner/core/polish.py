@@ -3,8 +3,8 @@
 A solver chooses its moves in a model of time that the simulator does not share exactly
 (the interval MILP spreads copies over steps where the simulator queues them FIFO,
 docs/ilp.md), so the best plan in its model need not be the simulator's best near it:
-autotm's plan for ResNet-50 b1024 at 50% simulates at 4.023 s and one more 1.5 GiB
-tensor in host memory, its prefetch a few ops later, at 4.005 s. Polish tries small
+autotm's plan for ResNet-50 b1024 at 50% simulates at 4.023 s, and with one more 1.5 GiB
+tensor in host memory and a prefetch a few ops later at 4.005 s. Polish tries small
 changes to a plan, each a neighbour of it, and keeps each one the simulator runs
 strictly faster:
 
