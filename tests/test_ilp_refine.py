@@ -1,6 +1,7 @@
 """Refinement of an interval MILP's plan against its simulated timeline (planner/search/ilp/refine.py)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from planner.core.api import make_plan, simulator_for
@@ -156,3 +157,16 @@ def test_a_heuristics_moves_of_small_tensors_gain_candidates_at_their_positions(
     # at the positions they ran at, the plan's simulated 190 us
     assert price(form) == pytest.approx(220.0)
     assert price(grown_form) == pytest.approx(run.iteration_us, rel=1e-3) and run.iteration_us < 200.0
+
+
+def test_a_copy_started_while_the_next_op_waits_is_fetched_after_the_op_that_ended():
+    # Ops at 0-10, 10-20, 20-30 and 40-50 us (op 3 waited 10 us). R12 takes a prefetch's memory when its copy
+    # starts: started at 25 us, during op 2, the model must hold it from op 2 (fetched after op 1); started at
+    # 30 us, once op 2 had ended, from op 3 (fetched after op 2); at 20 us, as op 2 starts, from op 2.
+    from planner.search.ilp.intervals import fetched_after
+    starts, ends = np.array([0.0, 10.0, 20.0, 40.0]), np.array([10.0, 20.0, 30.0, 50.0])
+    assert fetched_after(starts, ends, 25.0) == 1
+    assert fetched_after(starts, ends, 30.0) == 2
+    assert fetched_after(starts, ends, 35.0) == 2
+    assert fetched_after(starts, ends, 20.0) == 1
+    assert fetched_after(starts, ends, 0.0) == -1   # before the first op: fetched at the iteration's start

@@ -637,7 +637,7 @@ class Formulation:
         plan's simulated spans; without one, the first position), clipped so that the tensor leaves before it is fetched; the
         fetch is the last position at or before the prefetch's issue op (the first
         position when it was issued earlier; in the ``reach`` model or with ``copy_start``,
-        at or before the op before the one its copy started in on ``timeline``, as memory
+        at or before ``fetched_after`` the start of its copy on ``timeline``, as memory
         is taken then, R12). A tensor the plan starts in host memory (``initial``) whose first prefetch
         is due at its first touch is the wrap candidate's move (``wrap_candidates``),
         its write-back part of it. Also returns how many of the plan's offloads have no
@@ -658,6 +658,7 @@ class Formulation:
         for r in self.redo:
             gaps.setdefault(r.tensor, []).append((r.after, r.before))
         op_starts, ended, began = copy_times(self.profile, timeline) if timeline is not None else (None, {}, {})
+        ends = op_ends(self.profile, timeline) if timeline is not None else None
         moved: dict[int, tuple[int, int]] = {}
         pending: dict[str, tuple[int, str, int]] = {}
         count: dict[str, int] = {}
@@ -697,7 +698,7 @@ class Formulation:
                 f, b = pos(act.after), pos(act.before)
                 copied = began.get((act.tensor, nth))
                 if (self.reach or copy_start) and copied is not None and op_starts is not None:   # taken then (R12)
-                    f = max(f, int(np.searchsorted(op_starts, copied, side="right")) - 2)
+                    f = max(f, fetched_after(op_starts, ends, copied))
                 k = next((by_interval[act.tensor, a, before, tier] for a, before in gaps.get(act.tensor, ())
                           if at < before == b and (act.tensor, a, before, tier) in by_interval), None)
                 if k is None or (act.tensor, self.cands[k].after) in taken:
@@ -836,6 +837,20 @@ def copy_times(profile: Profile, timeline) -> tuple[np.ndarray, dict, dict]:
                 began[span.args["tensor"], n] = span.start_us
     begun = {span.name: span.start_us for span in timeline.spans if span.track == "compute"}
     return np.maximum.accumulate([begun.get(op.id, np.inf) for op in profile.ops]), ended, began
+
+
+def op_ends(profile: Profile, timeline) -> np.ndarray:
+    """The time each op ended on a simulated plan's ``timeline`` (inf when it did not run)."""
+    ended = {span.name: span.end_us for span in timeline.spans if span.track == "compute"}
+    return np.array([ended.get(op.id, np.inf) for op in profile.ops])
+
+
+def fetched_after(op_starts: np.ndarray, ends: np.ndarray, copied: float) -> int:
+    """The fetch position of a prefetch whose copy started at ``copied`` (R12: its memory
+    is taken then): the op before the last one started by then, or that op itself when it
+    had ended (the copy started while the next op waited, which ran without it before)."""
+    j = int(np.searchsorted(op_starts, copied, side="right")) - 1
+    return j if j >= 0 and ends[j] <= copied else j - 1
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ from simulator.plan import Plan
 
 from ...core.polish import polish
 from .common import Lowered, lower_fastest
-from .intervals import Candidate, Formulation, candidates, copy_times, predicted_us, same_choices
+from .intervals import (Candidate, Formulation, candidates, copy_times, fetched_after, op_ends, predicted_us,
+                        same_choices)
 
 ROUNDS = 2          # refinement rounds at most (the second adds positions only where the first moved them)
 SHARE = 0.25        # of the time left after the start, the most kept for refinement
@@ -45,11 +46,13 @@ def observed_positions(profile, cands: list[Candidate], actions, timeline) -> di
     """Per candidate a plan moves (its offload issued before the interval's end, its
     prefetch due there, in the tier's candidate): the op from which the tensor was off
     the GPU on ``timeline`` (the first op that started once the offload had ended) and
-    the fetch position of its prefetch (the op before the one its copy started in: the
-    memory is taken then, R12), each clipped into the interval (a+2 .. b-2), or None
+    the fetch position of its prefetch (``fetched_after``: the op before the one its copy
+    started in, or that op when the copy started after it had ended; the memory is taken
+    then, R12), each clipped into the interval (a+2 .. b-2), or None
     where the timeline has no such copy."""
     index = profile.op_index
     op_starts, ended, began = copy_times(profile, timeline)
+    ends = op_ends(profile, timeline)
     by_end: dict[tuple[str, int, str], int] = {(c.tensor, c.before, c.tier): k
                                                for k, c in enumerate(cands) if not c.wraps}
     offloads: dict[str, int] = {}
@@ -74,7 +77,7 @@ def observed_positions(profile, cands: list[Candidate], actions, timeline) -> di
             clip = lambda i: min(max(i, c.after + 2), c.before - 2)   # noqa: E731
             done, copied = ended.get((act.tensor, n)), began.get((act.tensor, m))
             release = None if done is None else clip(int(np.searchsorted(op_starts, done, side="left")))
-            fetch = None if copied is None else clip(int(np.searchsorted(op_starts, copied, side="right")) - 2)
+            fetch = None if copied is None else clip(fetched_after(op_starts, ends, copied))
             found[k] = (release, fetch)
     return found
 
