@@ -54,7 +54,7 @@ def main() -> None:
                 times, done = [], None
                 for _ in range(args.repeat):
                     started = time.perf_counter()
-                    done = polish(runs_on.profile, runs_on, budget, plan.actions, dict(plan.initial), float("inf"))
+                    done = polish(runs_on, budget, plan.actions, dict(plan.initial), float("inf"))
                     times.append(time.perf_counter() - started)
                 before, after = made.result.iteration_us / 1e6, done.result.iteration_us / 1e6
                 median = statistics.median(times)

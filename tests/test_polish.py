@@ -33,7 +33,7 @@ def test_a_late_prefetch_is_issued_earlier():
     sim = simulator_for(profile, machine())
     actions = [offload("A", "p0"), prefetch("A", "p6", "p7")]
     assert sim.simulate(_plan(profile, actions), 110).iteration_us == pytest.approx(900.0)
-    done = polish(profile, sim, 110, actions, {}, far())
+    done = polish(sim, 110, actions, {}, far())
     assert done.result.ok and done.result.iteration_us == pytest.approx(800.0)
     assert done.changes == 1
     assert done.actions == [offload("A", "p0"), prefetch("A", "p2", "p7")]
@@ -48,7 +48,7 @@ def test_a_move_that_only_costs_is_taken_back():
     profile = chain_profile("costly", 4, {"B": (300, "activation")}, {0: ((), ("B",), 0), 3: (("B",), (), 0)})
     sim = simulator_for(profile, machine())
     actions = [offload("B", "p0"), prefetch("B", "p1", "p3")]
-    done = polish(profile, sim, 1000, actions, {}, far())
+    done = polish(sim, 1000, actions, {}, far())
     assert done.result.iteration_us == pytest.approx(400.0)
     assert done.actions == [] and done.changes == 1
 
@@ -63,10 +63,10 @@ def test_a_plan_at_the_ideal_or_one_that_does_not_run_is_kept():
     profile = chain_profile("more", 8, tensors, extra)
     sim = simulator_for(profile, machine())
     alone = [offload("A", "p0"), prefetch("A", "p5", "p7")]
-    done = polish(profile, sim, 160, alone, {}, far())
+    done = polish(sim, 160, alone, {}, far())
     assert done.result.iteration_us == pytest.approx(800.0) and done.actions == alone and done.changes == 0
     # At 60 B the plan does not run (at p3, 102 B with A off): polish leaves it alone.
-    done = polish(profile, sim, 60, alone, {}, far())
+    done = polish(sim, 60, alone, {}, far())
     assert not done.result.ok and done.actions == alone and done.changes == 0
 
 
@@ -94,7 +94,7 @@ def test_a_tensor_with_other_actions_is_left_alone():
     sim = simulator_for(profile, machine())
     actions = [offload("A", "p0"), prefetch("A", "p2", "p4"), drop("A", "p4"), recompute("A", "p7")]
     start = sim.simulate(_plan(profile, actions), 110)
-    done = polish(profile, sim, 110, actions, {}, far())
+    done = polish(sim, 110, actions, {}, far())
     assert done.actions == actions and done.result.iteration_us == start.iteration_us
 
 
@@ -104,8 +104,8 @@ def test_polish_never_slows_a_plan_and_repeats_itself(scenario):
     profile, plan, hardware, budget = scenario
     sim = simulator_for(profile, hardware)
     before = sim.simulate(plan, budget)
-    first = polish(profile, sim, budget, list(plan.actions), {}, far())
-    again = polish(profile, sim, budget, list(plan.actions), {}, far())
+    first = polish(sim, budget, list(plan.actions), {}, far())
+    again = polish(sim, budget, list(plan.actions), {}, far())
     assert first.actions == again.actions and first.changes == again.changes
     if not before.ok:
         assert first.actions == list(plan.actions)

@@ -25,9 +25,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from simulator.plan import offload, prefetch
 
-from .analysis import touches
+from .analysis import idle_gaps, op_start_us
 from .api import score
 
 PREFETCH_SHIFTS = (-16, -4, -1, 1, 4, 16)
@@ -47,11 +49,11 @@ class Polished:
     runs: int
 
 
-def polish(profile, sim, budget: int, actions, initial: dict, deadline: float,
-           max_runs: int = MAX_RUNS) -> Polished:
+def polish(sim, budget: int, actions, initial: dict, deadline: float, max_runs: int = MAX_RUNS) -> Polished:
     """The plan after a first-improvement local search over its neighbours (module
-    docstring), starting from ``actions`` (a plan that runs or not: a change is kept only
-    when the plan then runs and strictly faster than the one before)."""
+    docstring), starting from ``actions`` on ``sim``'s profile (a plan that runs or not: a
+    change is kept only when the plan then runs and strictly faster than the one before)."""
+    profile = sim.profile
     actions = list(actions)
     result = score(sim, budget, actions, initial)
     if not result.ok:
@@ -77,24 +79,17 @@ def _addable_gaps(profile, budget: int) -> list[tuple[str, int, int]]:
     """Idle gaps (tensor, last touch, next touch) of non-persistent tensors that span an
     op over the budget, at least four ops long, tensors of at least ``SMALLEST`` of the
     largest excess: what one more move may take off the GPU."""
-    resident = profile.resident_bytes
-    over = [i for i, r in enumerate(resident) if r > budget]
-    if not over:
+    resident = np.asarray(profile.resident_bytes, dtype=np.int64)
+    if resident.max(initial=0) <= budget:
         return []
-    smallest = SMALLEST * max(resident[i] - budget for i in over)
-    over_at = [0] * (len(resident) + 1)   # over budget ops before each position
-    for i in over:
-        over_at[i + 1] = 1
-    for i in range(len(resident)):
-        over_at[i + 1] += over_at[i]
-    gaps = []
-    for tensor in profile.tensors:
-        if tensor.persistent or tensor.bytes < smallest or profile.producer[tensor.id] is None:
-            continue
-        points = touches(profile, tensor.id)
-        gaps += [(tensor.id, a, b) for a, b in zip(points, points[1:])
-                 if b - a >= 4 and over_at[b] - over_at[a + 1] > 0]
-    return gaps
+    smallest = SMALLEST * (resident.max() - budget)
+    over = np.concatenate(([0], np.cumsum(resident > budget)))   # ops over the budget before each position
+    starts = op_start_us(profile)
+    return [(gap.tensor, gap.after, gap.before)
+            for tensor in profile.tensors
+            if not tensor.persistent and tensor.bytes >= smallest and profile.producer[tensor.id] is not None
+            for gap in idle_gaps(profile, tensor.id, starts)
+            if gap.before - gap.after >= 4 and over[gap.before] - over[gap.after + 1] > 0]
 
 
 def _neighbours(profile, actions: list, gaps) -> list[tuple]:

@@ -657,8 +657,8 @@ class Formulation:
                 gaps.setdefault(c.tensor, []).append((c.after, c.before))
         for r in self.redo:
             gaps.setdefault(r.tensor, []).append((r.after, r.before))
-        op_starts, ended, began = copy_times(self.profile, timeline) if timeline is not None else (None, {}, {})
-        ends = op_ends(self.profile, timeline) if timeline is not None else None
+        op_starts, op_ends, ended, began = copy_times(self.profile, timeline) if timeline is not None \
+            else (None, None, {}, {})
         moved: dict[int, tuple[int, int]] = {}
         pending: dict[str, tuple[int, str, int]] = {}
         count: dict[str, int] = {}
@@ -698,7 +698,7 @@ class Formulation:
                 f, b = pos(act.after), pos(act.before)
                 copied = began.get((act.tensor, nth))
                 if (self.reach or copy_start) and copied is not None and op_starts is not None:   # taken then (R12)
-                    f = max(f, fetched_after(op_starts, ends, copied))
+                    f = max(f, fetched_after(op_starts, op_ends, copied))
                 k = next((by_interval[act.tensor, a, before, tier] for a, before in gaps.get(act.tensor, ())
                           if at < before == b and (act.tensor, a, before, tier) in by_interval), None)
                 if k is None or (act.tensor, self.cands[k].after) in taken:
@@ -818,11 +818,11 @@ class Formulation:
             self.model.add_row(index, value, upper=1.0)
 
 
-def copy_times(profile: Profile, timeline) -> tuple[np.ndarray, dict, dict]:
+def copy_times(profile: Profile, timeline) -> tuple[np.ndarray, np.ndarray, dict, dict]:
     """A simulated plan's ``timeline`` read for its copies: the time each op started (kept
-    non-decreasing, so that a search finds the first op started by a time), the end of the
-    n-th offload of each tensor ((tensor, n) -> us) and the start of its n-th prefetch
-    (grouped copies, R53, are left out)."""
+    non-decreasing, so that a search finds the first op started by a time) and ended (inf
+    when it did not run), the end of the n-th offload of each tensor ((tensor, n) -> us)
+    and the start of its n-th prefetch (grouped copies, R53, are left out)."""
     ended: dict[tuple[str, int], float] = {}
     began: dict[tuple[str, int], float] = {}
     seen: dict[tuple[str, str], int] = {}
@@ -835,14 +835,10 @@ def copy_times(profile: Profile, timeline) -> tuple[np.ndarray, dict, dict]:
                 ended[span.args["tensor"], n] = span.end_us
             else:
                 began[span.args["tensor"], n] = span.start_us
-    begun = {span.name: span.start_us for span in timeline.spans if span.track == "compute"}
-    return np.maximum.accumulate([begun.get(op.id, np.inf) for op in profile.ops]), ended, began
-
-
-def op_ends(profile: Profile, timeline) -> np.ndarray:
-    """The time each op ended on a simulated plan's ``timeline`` (inf when it did not run)."""
-    ended = {span.name: span.end_us for span in timeline.spans if span.track == "compute"}
-    return np.array([ended.get(op.id, np.inf) for op in profile.ops])
+    ran = {span.name: (span.start_us, span.end_us) for span in timeline.spans if span.track == "compute"}
+    spans = [ran.get(op.id, (np.inf, np.inf)) for op in profile.ops]
+    return (np.maximum.accumulate([start for start, _ in spans]), np.array([end for _, end in spans]),
+            ended, began)
 
 
 def fetched_after(op_starts: np.ndarray, ends: np.ndarray, copied: float) -> int:

@@ -24,8 +24,7 @@ from simulator.plan import Plan
 
 from ...core.polish import polish
 from .common import Lowered, lower_fastest
-from .intervals import (Candidate, Formulation, candidates, copy_times, fetched_after, op_ends, predicted_us,
-                        same_choices)
+from .intervals import Candidate, Formulation, candidates, copy_times, fetched_after, predicted_us, same_choices
 
 ROUNDS = 2          # refinement rounds at most (the second adds positions only where the first moved them)
 SHARE = 0.25        # of the time left after the start, the most kept for refinement
@@ -51,8 +50,7 @@ def observed_positions(profile, cands: list[Candidate], actions, timeline) -> di
     then, R12), each clipped into the interval (a+2 .. b-2), or None
     where the timeline has no such copy."""
     index = profile.op_index
-    op_starts, ended, began = copy_times(profile, timeline)
-    ends = op_ends(profile, timeline)
+    op_starts, op_ends, ended, began = copy_times(profile, timeline)
     by_end: dict[tuple[str, int, str], int] = {(c.tensor, c.before, c.tier): k
                                                for k, c in enumerate(cands) if not c.wraps}
     offloads: dict[str, int] = {}
@@ -77,7 +75,7 @@ def observed_positions(profile, cands: list[Candidate], actions, timeline) -> di
             clip = lambda i: min(max(i, c.after + 2), c.before - 2)   # noqa: E731
             done, copied = ended.get((act.tensor, n)), began.get((act.tensor, m))
             release = None if done is None else clip(int(np.searchsorted(op_starts, done, side="left")))
-            fetch = None if copied is None else clip(fetched_after(op_starts, ends, copied))
+            fetch = None if copied is None else clip(fetched_after(op_starts, op_ends, copied))
             found[k] = (release, fetch)
     return found
 
@@ -220,7 +218,7 @@ def polished(sim, budget: int, best: Lowered, seconds: float, notes: dict) -> Lo
     the time before (``estimate_us`` stays the model's time of the solver's plan)."""
     if not best.result.ok or not best.actions:
         return best
-    done = polish(sim.profile, sim, budget, best.actions, best.initial, time.perf_counter() + seconds)
+    done = polish(sim, budget, best.actions, best.initial, time.perf_counter() + seconds)
     if not done.changes:
         return best
     notes.update(polish={"changes": done.changes, "simulations": done.runs,
