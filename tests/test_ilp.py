@@ -186,14 +186,18 @@ def test_joint_never_moves_a_weight_across_a_recompute_that_reads_it():
     assert notes["simulated_us"] == pytest.approx(notes["model_objective_us"], rel=0.02)
 
 
-def test_joint_recomputes_from_a_source_it_brings_back_early():
-    # the chain graph with a cheap fx and two ops of slack on each side of the m ops: s goes
-    # to host memory and x is recomputed before gx from s, so s's prefetch is due at gx
-    # (the recompute reads it there), not at gs where its interval ends
+def retarget_graph():
+    """The chain graph with a cheap fx and two ops of slack on each side of the m ops, and its machine."""
     ops = [o if o[0] != "fx" else ("fx", "forward", 5.0, ["s", "w"], ["x"]) for o in CHAIN_OPS]
     pad = [("p0", "forward", 10.0, [], []), ("p1", "forward", 10.0, [], [])]
     ops = ops[:3] + pad + ops[3:8] + [("q" + o[0][1:],) + o[1:] for o in pad] + ops[8:]
-    profile, hw = make_profile(CHAIN_TENSORS, ops, "ilp-retarget"), machine(h2d=0.003, d2h=0.003)
+    return make_profile(CHAIN_TENSORS, ops, "ilp-retarget"), machine(h2d=0.003, d2h=0.003)
+
+
+def test_joint_recomputes_from_a_source_it_brings_back_early():
+    # the retarget graph: s goes to host memory and x is recomputed before gx from s, so s's
+    # prefetch is due at gx (the recompute reads it there), not at gs where its interval ends
+    profile, hw = retarget_graph()
     planned = make_plan(profile, hw, 200, "joint", options=RunOptions(time_limit=20, threads=1))
     actions = [(a.kind, a.tensor, a.before) for a in planned.plan.actions if a.kind in ("prefetch", "recompute")]
     assert ("prefetch", "s", "gx") in actions and ("recompute", "x", "gx") in actions

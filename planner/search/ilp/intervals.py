@@ -70,6 +70,9 @@ class Candidate:
     wraps: bool = False   # across the iteration's end: a persistent tensor that starts the iteration in
                           # ``tier`` (fetched before op ``before``, its first touch) and is written back
                           # after op ``after`` (its last); off the GPU from the start, ``release`` = (n,)
+    coarse: bool = False  # copies between positions far apart in pieces of 1, 1, 2, 4, ... steps, not one each
+                          # (``reach`` and ``far`` positions: ``positions.chunks``)
+    issued: int = -1      # the op its offload may be issued after at the earliest (``earliest_issue``; -1: after)
 
     def off(self, release: int, fetch: int) -> range:
         """The ops the tensor is off the GPU for, released at ``release`` and fetched
@@ -93,23 +96,25 @@ class Candidate:
     def out_pieces(self) -> tuple[tuple[int, int, int], ...]:
         """Where the offload may run, one column each: (start, stop, s): steps start ..
         stop-1, before release position s (released there or earlier, none of the copy
-        runs in them: s = 0 before the first position). One step each between positions
-        one op apart; a longer stretch in pieces of 1, 1, 2, 4, ... steps from its start
-        (``chunks``; a FIFO stream starts a copy as soon as it can), each spread over
-        its ops in proportion to their times (``Formulation._spread``)."""
-        edges = (self.after + 1,) + tuple(self.release)
+        runs in them: s = 0 before the first position), from the step after ``issued``
+        (R11: the ops up to the last use read the tensor while it is copied out). One step each between positions
+        one op apart; a longer stretch one step each too, or, ``coarse``, in pieces of
+        1, 1, 2, 4, ... steps from its start (``chunks``; a FIFO stream starts a copy as
+        soon as it can), each spread over its ops in proportion to their times
+        (``Formulation._spread``)."""
+        edges = ((self.after if self.issued < 0 else self.issued) + 1,) + tuple(self.release)
         return tuple((p, q, s) for s in range(len(self.release))
-                     for p, q in chunks(edges[s], edges[s + 1], early=True))
+                     for p, q in chunks(edges[s], edges[s + 1], early=True, coarse=self.coarse))
 
     @property
     def in_pieces(self) -> tuple[tuple[int, int, int], ...]:
         """Where the prefetch may run: (start, stop, s), after fetch position s (issued
-        there or earlier); a longer stretch in pieces of 1, 1, 2, 4, ... steps from its
-        end (the next use)."""
+        there or earlier); one step each, or, ``coarse``, a longer stretch in pieces of
+        1, 1, 2, 4, ... steps from its end (the next use)."""
         edges = tuple(f + 1 for f in self.fetch) + (self.before,)
         sync = ((self.before, self.before + 1, len(self.fetch) - 1),) if self.synchronous else ()
         return tuple((p, q, s) for s in range(len(self.fetch))
-                     for p, q in chunks(edges[s], edges[s + 1], early=False)) + sync
+                     for p, q in chunks(edges[s], edges[s + 1], early=False, coarse=self.coarse)) + sync
 
     @property
     def synchronous(self) -> bool:
@@ -141,10 +146,12 @@ def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tupl
     for tensor in profile.tensors:
         if tensor.bytes < min_bytes or (only is not None and tensor.id not in only):
             continue
-        for gap in idle_gaps(profile, tensor.id, starts):
+        gaps = idle_gaps(profile, tensor.id, starts)
+        for g, gap in enumerate(gaps):
             a, b = gap.after, gap.before
             if b - a < 4 or over[b - 1] - over[a + 2] == 0:
                 continue
+            issued = earliest_issue(profile, tensor.id, a, gaps[g - 1].before if g else -1)
             inside = over_at[bisect_left(over_at, a + 2):bisect_right(over_at, b - 2)] if reach or far else None
             release, fetch = windows(a, b, window, inside) if reach else windows(a, b, window)
             if far:
@@ -157,8 +164,21 @@ def candidates(profile: Profile, hardware, budget: int, window: int, tiers: tupl
                 out_us, in_us = lat_out + tensor.bytes / rate_out, lat_in + tensor.bytes / rate_in
                 if tier != "host" and starts[b] - starts[a + 1] < out_us + in_us:
                     continue   # a slower tier only where its copies could hide: else host is faster
-                found.append(Candidate(tensor.id, tensor.bytes, a, b, tier, release, fetch, out_us, in_us))
+                found.append(Candidate(tensor.id, tensor.bytes, a, b, tier, release, fetch, out_us, in_us,
+                                       coarse=reach or far > 0, issued=issued))
     return found
+
+
+def earliest_issue(profile: Profile, tid: str, after: int, back: int) -> int:
+    """The earliest op an offload of the tensor's idle interval after op ``after`` may be
+    issued after, as ``common.offload_points`` lowers it: its last write up to ``after``
+    (its producer or an in-place update; none: its first touch), or ``back``, the end
+    of its idle interval before (where a move of it may have brought it back),
+    whichever is later."""
+    ops = profile.ops
+    points = [p for p in touches(profile, tid) if p <= after]
+    written = [p for p in points if tid in ops[p].outputs or tid in ops[p].updates]
+    return max(written[-1] if written else points[0], back)
 
 
 def slower_tiers_dominated(hardware, cands: list[Candidate]) -> bool:
@@ -214,7 +234,8 @@ def wrap_candidates(profile: Profile, hardware, budget: int, window: int, far: i
         if far:
             fetch = early_fetches(0, over_at, fetch, far) + fetch
         found.append(Candidate(tensor.id, tensor.bytes, last, first, "host", (n,), fetch,
-                               lat_out + tensor.bytes / rate_out, lat_in + tensor.bytes / rate_in, wraps=True))
+                               lat_out + tensor.bytes / rate_out, lat_in + tensor.bytes / rate_in, wraps=True,
+                               coarse=far > 0))
     return found
 
 
@@ -663,7 +684,10 @@ class Formulation:
         pending: dict[str, tuple[int, str, int]] = {}
         count: dict[str, int] = {}
         fetched: dict[str, int] = {}
-        dropped: dict[str, int] = {}
+        dropped: dict[str, list[int]] = {}   # every op a tensor is dropped after (a list's order is not time's:
+        for act in actions:                   # ``to_actions`` puts the recomputes after every drop)
+            if act.kind == "drop":
+                dropped.setdefault(act.tensor, []).append(pos(act.after))
         redo = {(r.tensor, r.after, r.before): k for k, r in enumerate(self.redo)}
         recomputed: set[int] = set()
         taken: set[tuple[str, int]] = set()
@@ -674,13 +698,11 @@ class Formulation:
                 n = count.get(act.tensor, 0)
                 count[act.tensor] = n + 1
                 pending[act.tensor] = (pos(act.after), act.to, n)
-            elif act.kind == "drop":
-                dropped[act.tensor] = pos(act.after)
-            elif act.kind == "recompute":
-                at, b = dropped.pop(act.tensor, None), pos(act.before)
+            elif act.kind == "recompute":   # a chain's (due inside the interval) is the model's to add
+                b = pos(act.before)
                 for a, before in gaps.get(act.tensor, ()):
-                    if before == b and at is not None and a <= at < b and (act.tensor, a, b) in redo \
-                            and (act.tensor, a) not in taken:
+                    if before == b and (act.tensor, a, b) in redo and (act.tensor, a) not in taken \
+                            and any(a <= at < b for at in dropped.get(act.tensor, ())):
                         recomputed.add(redo[act.tensor, a, b])
                         taken.add((act.tensor, a))
             elif act.kind == "prefetch":
@@ -701,6 +723,10 @@ class Formulation:
                     f = max(f, fetched_after(op_starts, op_ends, copied))
                 k = next((by_interval[act.tensor, a, before, tier] for a, before in gaps.get(act.tensor, ())
                           if at < before == b and (act.tensor, a, before, tier) in by_interval), None)
+                if k is None:   # due early, at a recompute that reads it inside the interval (``retarget``)
+                    k = next((by_interval[act.tensor, a, before, tier] for a, before in gaps.get(act.tensor, ())
+                              if a < b < before and at < b and (act.tensor, a, before, tier) in by_interval), None)
+                    f = min(f, b - 2)   # its copy done before op b (``_read_in_moved_interval``)
                 if k is None or (act.tensor, self.cands[k].after) in taken:
                     unmatched += 1
                     continue

@@ -68,9 +68,16 @@ def spaced(n: int, dense: int) -> list[int]:
     return sorted(set(picked))
 
 
-def chunks(start: int, stop: int, early: bool) -> list[tuple[int, int]]:
-    """The steps start .. stop-1 in pieces of 1, 1, 2, 4, ... steps from the ``early`` end
-    (else from the late one): fine where a copy is most likely to run."""
+def chunks(start: int, stop: int, early: bool, coarse: bool = False) -> list[tuple[int, int]]:
+    """The steps start .. stop-1 in pieces: one step each, or, ``coarse``, of 1, 1, 2, 4,
+    ... steps from the ``early`` end (else from the late one), fine where a copy is most
+    likely to run and few columns where positions are far apart by design (``reach``,
+    ``far``). A piece's copy is spread over its steps in proportion to their ops' times
+    (``Formulation._spread``): where a long op shares a piece with short ones, stacked
+    pieces charge it more than a FIFO stream puts there (ResNet-152 b512 at 50%: joint's
+    plan 3.311 s in the model with coarse pieces, 3.244 s one step each, 3.236 s simulated)."""
+    if not coarse:
+        return [(i, i + 1) for i in range(start, stop)]
     out, size, at = [], 1, 0
     while at < stop - start:
         length = min(size, stop - start - at)

@@ -41,18 +41,28 @@ def round_s(build_s: float, left_s: float) -> float:
     return min(SHARE * left_s, 3.0 * build_s)
 
 
-def observed_positions(profile, cands: list[Candidate], actions, timeline) -> dict[int, tuple[int | None, int | None]]:
+Observed = tuple[int | None, int | None, int]   # a move's release and fetch positions (None: not on the
+                                                # timeline) and the op its offload was issued after
+
+
+def observed_positions(profile, cands: list[Candidate], actions, timeline) -> dict[int, Observed]:
     """Per candidate a plan moves (its offload issued before the interval's end, its
-    prefetch due there, in the tier's candidate): the op from which the tensor was off
+    prefetch due there or, retargeted, at a recompute inside it, in the tier's
+    candidate): the op from which the tensor was off
     the GPU on ``timeline`` (the first op that started once the offload had ended) and
     the fetch position of its prefetch (``fetched_after``: the op before the one its copy
     started in, or that op when the copy started after it had ended; the memory is taken
     then, R12), each clipped into the interval (a+2 .. b-2), or None
-    where the timeline has no such copy."""
+    where the timeline has no such copy; and the op the offload was issued after (its
+    copy may run from the next step, ``Candidate.issued``), at most the last use."""
     index = profile.op_index
     op_starts, op_ends, ended, began = copy_times(profile, timeline)
     by_end: dict[tuple[str, int, str], int] = {(c.tensor, c.before, c.tier): k
                                                for k, c in enumerate(cands) if not c.wraps}
+    within: dict[tuple[str, str], list[int]] = {}
+    for k, c in enumerate(cands):
+        if not c.wraps:
+            within.setdefault((c.tensor, c.tier), []).append(k)
     offloads: dict[str, int] = {}
     prefetches: dict[str, int] = {}
     pending: dict[str, tuple[int, int, str]] = {}
@@ -68,29 +78,33 @@ def observed_positions(profile, cands: list[Candidate], actions, timeline) -> di
             if act.tensor not in pending:
                 continue
             at, n, tier = pending.pop(act.tensor)
-            k = by_end.get((act.tensor, index[act.before], tier))
+            due = index[act.before]
+            k = by_end.get((act.tensor, due, tier))
+            if k is None:   # due early, at a recompute that reads it inside the interval: done before op ``due``
+                k = next((j for j in within.get((act.tensor, tier), ()) if cands[j].after < due < cands[j].before
+                          and at < due), None)
             if k is None or at >= cands[k].before:
                 continue
             c = cands[k]
-            clip = lambda i: min(max(i, c.after + 2), c.before - 2)   # noqa: E731
+            last = min(c.before, due) - 2
+            clip = lambda i: min(max(i, c.after + 2), last)   # noqa: E731
             done, copied = ended.get((act.tensor, n)), began.get((act.tensor, m))
             release = None if done is None else clip(int(np.searchsorted(op_starts, done, side="left")))
             fetch = None if copied is None else clip(fetched_after(op_starts, op_ends, copied))
-            found[k] = (release, fetch)
+            found[k] = (release, fetch, min(at, c.after))
     return found
 
 
-def with_positions(cands: list[Candidate],
-                   found: dict[int, tuple[int | None, int | None]]) -> tuple[list[Candidate], int]:
-    """``cands`` with the ``found`` positions added to their release and fetch positions,
-    and how many candidates gained one."""
+def with_positions(cands: list[Candidate], found: dict[int, Observed]) -> tuple[list[Candidate], int]:
+    """``cands`` with the ``found`` positions added to their release and fetch positions
+    and their offloads issued where the plan issued them, and how many candidates changed."""
     out, grown = list(cands), 0
-    for k, (release, fetch) in found.items():
+    for k, (release, fetch, issued) in found.items():
         c = cands[k]
         releases = set(c.release) | ({release} if release is not None else set())
         fetches = set(c.fetch) | ({fetch} if fetch is not None else set())
-        if len(releases) > len(c.release) or len(fetches) > len(c.fetch):
-            out[k] = replace(c, release=tuple(sorted(releases)), fetch=tuple(sorted(fetches)))
+        if len(releases) > len(c.release) or len(fetches) > len(c.fetch) or issued != c.issued:
+            out[k] = replace(c, release=tuple(sorted(releases)), fetch=tuple(sorted(fetches)), issued=issued)
             grown += 1
     return out, grown
 
@@ -182,10 +196,10 @@ def refine(form: Formulation, sim, budget: int, best: Lowered, deadline: float, 
         x = form.priced(form.values_of(form.cover(moved, redone), redone), max(1.0, left), options.threads)
         if x is None:
             break
-        # timed by the model with its positions; a plan the model holds only in part here (a prefetch retargeted
-        # to a recompute matches no interval, and more moves are added in its place) keeps its lower time
+        # timed by the model at its own positions (no longer the lower of that and the solution's time: with
+        # retargeted prefetches and chain recomputes read as the plan has them, the model holds every move)
         priced_us = predicted_us(form, x)
-        best = timed = replace(best, estimate_us=min(best.estimate_us, priced_us))
+        best = timed = replace(best, estimate_us=priced_us)
         if last:
             break
         note = {"grown": grown, "columns": form.model.num_cols, "incumbent_model_us": priced_us}
