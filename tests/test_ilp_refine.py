@@ -36,21 +36,27 @@ def _long_gap(scale: int = 1, small: int | None = None, late: int | None = None)
     return make_profile(tensors, ops, "ilp-long-gap" + ("-small" if small else "") + ("-late" if late else ""))
 
 
-def test_the_positions_a_plan_ran_at_are_added_and_the_model_then_times_it_as_simulated():
-    # 1 B/us each way: t's copies take 50 us (5 ops). Offload issued when r1 ends (20 us), done at 70 us: the
-    # first op started by then is i7 (op 7). Prefetch issued after i10 (110 us), its copy 110-160 us, started
-    # in i11: fetch position 10. u13 waits for it from 130 to 160 us: simulated 150 us of ops + 30 us = 180 us.
-    profile, hw = _long_gap(), machine(h2d=0.001, d2h=0.001)
+def _long_gap_run(rate: float):
+    """The long-gap graph one byte under its peak on a machine of ``rate`` GB/s each way, its candidates
+    (window 2), t offloaded after r1 and prefetched after i10, and that plan's simulated run."""
+    profile, hw = _long_gap(), machine(h2d=rate, d2h=rate)
     budget = max(profile.resident_bytes) - 1
-    cands = candidates(profile, hw, budget, 2, ("host",))
-    assert [(c.tensor, c.after, c.before, c.release, c.fetch) for c in cands] == [("t", 1, 13, (3, 4), (10, 11))]
     actions = [offload("t", "r1"), prefetch("t", "i10", "u13")]
     sim = simulator_for(profile, hw)
     run = sim.simulate(Plan(profile_name=profile.name, profile_sha256=sim.compiled.sha256, actions=tuple(actions)),
                        budget, record=True)
+    return profile, hw, budget, candidates(profile, hw, budget, 2, ("host",)), actions, run
+
+
+def test_the_positions_a_plan_ran_at_are_added_and_the_model_then_times_it_as_simulated():
+    # 1 B/us each way: t's copies take 50 us (5 ops). Offload issued when r1 ends (20 us), done at 70 us: the
+    # first op started by then is i7 (op 7). Prefetch issued after i10 (110 us), its copy 110-160 us, started
+    # in i11: fetch position 10. u13 waits for it from 130 to 160 us: simulated 150 us of ops + 30 us = 180 us.
+    profile, hw, budget, cands, actions, run = _long_gap_run(0.001)
+    assert [(c.tensor, c.after, c.before, c.release, c.fetch) for c in cands] == [("t", 1, 13, (3, 4), (10, 11))]
     assert run.ok and run.iteration_us == pytest.approx(180.0)
     found = observed_positions(profile, cands, actions, run.timeline)
-    assert found == {0: (7, 10, 1)}   # and its offload issued after r1 (op 1)
+    assert found == {0: (7, 10, 1, False)}   # its offload issued after r1 (op 1); i7 did not wait for it
     grown, count = with_positions(cands, found)
     assert count == 1 and grown[0].release == (3, 4, 7) and grown[0].fetch == (10, 11) and grown[0].issued == 1
     assert cands[0].issued == 0   # the model's own: after t's producer p (R11: r1 reads it while it is copied)
@@ -246,3 +252,24 @@ def test_an_offload_may_copy_from_the_last_write_before_its_interval():
     assert earliest_issue(profile, "t", 1, -1) == 0
     assert earliest_issue(profile, "t", 1, 1) == 1
     assert earliest_issue(profile, "w", 9, -1) == 8   # w made by i8, read by i9
+
+
+def test_an_op_that_waited_for_an_offload_to_end_is_priced_with_the_wait():
+    # 0.5 B/us: t's copies take 100 us. Offload issued after r1 (20 us), done at 120 us; ops 2-7 run 20-80 us
+    # and i8 (the peak, where t must be away) waits for it until 120 us: the release is op 8, and op 8 waited.
+    # Prefetch after i10 (150 us), done at 250 us; u13 waits from 170 us. Simulated: 150 us of ops, 40 us
+    # before i8 and 80 us before u13, 270 us. The model at those positions: the offload's last 40 us a wait
+    # before i8, T[8] = 10 + 40 us (a piece in step 8 that overlapped i8 would give 260 us)
+    from planner.search.ilp.intervals import MS
+    profile, hw, budget, cands, actions, run = _long_gap_run(0.0005)
+    assert run.ok and run.iteration_us == pytest.approx(270.0)
+    found = observed_positions(profile, cands, actions, run.timeline)
+    assert found == {0: (8, 10, 1, True)}
+    grown, _ = with_positions(cands, found)
+    c = grown[0]
+    assert c.waits == (8,) and [c.out_pieces[j] for j in c.wait_pieces] == [(8, 9, 2)]
+    form = Formulation(profile, hw, budget, grown)
+    moved, redone, _ = form.choices_of_plan(actions, run.timeline, copy_start=True)
+    x = form.priced(form.values_of(moved, redone), 10, 1)
+    assert moved == {0: (8, 10)} and predicted_us(form, x) == pytest.approx(270.0)
+    assert x[form.T + 8] / MS == pytest.approx(10.0 + x[form.cols[0].u + c.wait_pieces[0]] / MS)

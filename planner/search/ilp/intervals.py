@@ -73,6 +73,7 @@ class Candidate:
     coarse: bool = False  # copies between positions far apart in pieces of 1, 1, 2, 4, ... steps, not one each
                           # (``reach`` and ``far`` positions: ``positions.chunks``)
     issued: int = -1      # the op its offload may be issued after at the earliest (``earliest_issue``; -1: after)
+    waits: tuple = ()     # release positions r where op r may wait for the offload to end (``out_pieces``)
 
     def off(self, release: int, fetch: int) -> range:
         """The ops the tensor is off the GPU for, released at ``release`` and fetched
@@ -97,14 +98,23 @@ class Candidate:
         """Where the offload may run, one column each: (start, stop, s): steps start ..
         stop-1, before release position s (released there or earlier, none of the copy
         runs in them: s = 0 before the first position), from the step after ``issued``
-        (R11: the ops up to the last use read the tensor while it is copied out). One step each between positions
-        one op apart; a longer stretch one step each too, or, ``coarse``, in pieces of
-        1, 1, 2, 4, ... steps from its start (``chunks``; a FIFO stream starts a copy as
-        soon as it can), each spread over its ops in proportion to their times
-        (``Formulation._spread``)."""
+        (R11: the ops up to the last use read the tensor while it is copied out). One
+        step each, or, ``coarse``, a longer stretch in pieces of 1, 1, 2, 4, ... steps
+        from its start (``chunks``; a FIFO stream starts a copy as soon as it can), each
+        spread over its ops in proportion to their times (``Formulation._spread``). Last,
+        a piece in step r for each release position r in ``waits`` (``wait_pieces``): op
+        r waits for it before it starts, as the simulator lets an op wait for memory an
+        offload frees when it ends (R11)."""
         edges = ((self.after if self.issued < 0 else self.issued) + 1,) + tuple(self.release)
         return tuple((p, q, s) for s in range(len(self.release))
-                     for p, q in chunks(edges[s], edges[s + 1], early=True, coarse=self.coarse))
+                     for p, q in chunks(edges[s], edges[s + 1], early=True, coarse=self.coarse)) \
+            + tuple((r, r + 1, s) for s, r in enumerate(self.release) if r in self.waits)
+
+    @property
+    def wait_pieces(self) -> range:
+        """The indexes in ``out_pieces`` of the pieces ops wait for (the last ones)."""
+        n = len(self.out_pieces)
+        return range(n - sum(r in self.waits for r in self.release), n)
 
     @property
     def in_pieces(self) -> tuple[tuple[int, int, int], ...]:
@@ -535,6 +545,10 @@ class Formulation:
             if c.synchronous:
                 index, value = by_op.setdefault(c.before, ([], []))
                 index.append(col.v + len(c.in_pieces) - 1)
+                value.append(-1.0)
+            for j in c.wait_pieces:                   # an op waits for an offload to end (its memory)
+                index, value = by_op.setdefault(c.out_pieces[j][0], ([], []))
+                index.append(col.u + j)
                 value.append(-1.0)
         ops = self.profile.ops
         for (at, tid), w in self.chains.items():

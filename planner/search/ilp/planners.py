@@ -66,8 +66,8 @@ queue on the link long past their window, the model stretches forward steps that
 simulator runs at full speed and stalls later instead: on gpt2-b48-s1024 at 50% the model
 is 3-4% above the simulated time of its own plan. Refinement (refine.py, in the time
 ``round_s`` keeps) adds the positions the plan ran at to its moves, prices it in that
-model (``model_objective_us``: within 1% of the simulated time of the plan before polish in 46
-of 47 solver cells of six profiles at 50% and 30%; docs/ilp.md), lowers it
+model (``model_objective_us``: within 1% of the simulated time of the plan before polish in all
+47 solver cells of six profiles at 50% and 30%; docs/ilp.md), lowers it
 again and solves from it. ``reach`` (autotm, off by default)
 puts release and fetch positions only at ops over the budget, reaching past the window
 to the interval's ends (spaced out), with the copies in pieces between them, running-sum

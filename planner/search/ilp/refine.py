@@ -41,8 +41,9 @@ def round_s(build_s: float, left_s: float) -> float:
     return min(SHARE * left_s, 3.0 * build_s)
 
 
-Observed = tuple[int | None, int | None, int]   # a move's release and fetch positions (None: not on the
-                                                # timeline) and the op its offload was issued after
+Observed = tuple[int | None, int | None, int, bool]   # a move's release and fetch positions (None: not on the
+                                                      # timeline), the op its offload was issued after, and
+                                                      # whether the op at the release waited for it to end
 
 
 def observed_positions(profile, cands: list[Candidate], actions, timeline) -> dict[int, Observed]:
@@ -53,8 +54,10 @@ def observed_positions(profile, cands: list[Candidate], actions, timeline) -> di
     the fetch position of its prefetch (``fetched_after``: the op before the one its copy
     started in, or that op when the copy started after it had ended; the memory is taken
     then, R12), each clipped into the interval (a+2 .. b-2), or None
-    where the timeline has no such copy; and the op the offload was issued after (its
-    copy may run from the next step, ``Candidate.issued``), at most the last use."""
+    where the timeline has no such copy; the op the offload was issued after (its
+    copy may run from the next step, ``Candidate.issued``), at most the last use; and
+    whether the op at the release started only after the copy had ended, once the op
+    before it had (it waited for the memory: ``Candidate.waits``)."""
     index = profile.op_index
     op_starts, op_ends, ended, began = copy_times(profile, timeline)
     by_end: dict[tuple[str, int, str], int] = {(c.tensor, c.before, c.tier): k
@@ -89,22 +92,27 @@ def observed_positions(profile, cands: list[Candidate], actions, timeline) -> di
             last = min(c.before, due) - 2
             clip = lambda i: min(max(i, c.after + 2), last)   # noqa: E731
             done, copied = ended.get((act.tensor, n)), began.get((act.tensor, m))
-            release = None if done is None else clip(int(np.searchsorted(op_starts, done, side="left")))
+            ran = None if done is None else int(np.searchsorted(op_starts, done, side="left"))
+            release = None if ran is None else clip(ran)
             fetch = None if copied is None else clip(fetched_after(op_starts, op_ends, copied))
-            found[k] = (release, fetch, min(at, c.after))
+            waited = bool(release is not None and release == ran and op_ends[ran - 1] < done)
+            found[k] = (release, fetch, min(at, c.after), waited)
     return found
 
 
 def with_positions(cands: list[Candidate], found: dict[int, Observed]) -> tuple[list[Candidate], int]:
     """``cands`` with the ``found`` positions added to their release and fetch positions
-    and their offloads issued where the plan issued them, and how many candidates changed."""
+    (a release the op there waited for, as a wait: ``Candidate.waits``) and their offloads
+    issued where the plan issued them, and how many candidates changed."""
     out, grown = list(cands), 0
-    for k, (release, fetch, issued) in found.items():
+    for k, (release, fetch, issued, waited) in found.items():
         c = cands[k]
         releases = set(c.release) | ({release} if release is not None else set())
         fetches = set(c.fetch) | ({fetch} if fetch is not None else set())
-        if len(releases) > len(c.release) or len(fetches) > len(c.fetch) or issued != c.issued:
-            out[k] = replace(c, release=tuple(sorted(releases)), fetch=tuple(sorted(fetches)), issued=issued)
+        waits = tuple(sorted(set(c.waits) | ({release} if waited else set())))
+        if len(releases) > len(c.release) or len(fetches) > len(c.fetch) or issued != c.issued or waits != c.waits:
+            out[k] = replace(c, release=tuple(sorted(releases)), fetch=tuple(sorted(fetches)), issued=issued,
+                             waits=waits)
             grown += 1
     return out, grown
 
