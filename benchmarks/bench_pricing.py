@@ -13,23 +13,19 @@ Run: ``.venv/bin/python benchmarks/bench_pricing.py [--profiles resnet152-b512-s
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.core.api import make_plan, simulator_for   # noqa: E402
+from greedy_cells import cell_arguments, greedy_cells   # noqa: E402
 from planner.search.ilp.intervals import Formulation, candidates, predicted_us   # noqa: E402
 from planner.search.ilp.refine import at_positions_of   # noqa: E402
-from simulator.catalog import open_profile   # noqa: E402
-from simulator.hardware import load_hardware   # noqa: E402
-from simulator.units import parse_budget   # noqa: E402
 
-PROFILES = ("resnet50-b1024-s224", "gpt2-b48-s1024", "resnet152-b512-s224")
 WINDOW = 20
 
 
@@ -42,44 +38,26 @@ def price(form: Formulation, plan, run, threads: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profiles", nargs="+", default=list(PROFILES))
-    parser.add_argument("--planners", nargs="+", default=["autoswap", "lms"])
-    parser.add_argument("--budgets", nargs="+", default=["50%", "30%"])
-    parser.add_argument("--hardware", default="a100-40gb-pcie4")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
-    hardware = load_hardware(args.hardware)
+    args = cell_arguments(__doc__.split("\n\n")[0], ["autoswap", "lms"])
     print(f"{'profile':<22} {'budget':>6} {'planner':<9} {'pieces':<6} {'columns':>8} {'build s':>8} "
           f"{'price s':>8} {'model s':>8} {'sim s':>8} {'diff':>7}")
-    for name in args.profiles:
-        whole = open_profile(name)
-        for label in args.budgets:
-            budget = min(parse_budget(label, whole.peak_bytes), hardware.gpu.memory_bytes)
-            for planner in args.planners:
-                made = make_plan(whole, hardware, budget, planner)
-                if not made.result.ok:
-                    print(f"{name:<22} {label:>6} {planner:<9} does not fit")
-                    continue
-                sim = simulator_for(whole, hardware)
-                sim, plan = sim.split(made.plan) if made.plan.splits else (sim, made.plan)   # R54: split ops
-                run = sim.simulate(plan, budget, record=True)
-                cands = candidates(sim.profile, hardware, budget, WINDOW, ("host",))
-                for coarse in (False, True):
-                    window = Formulation(sim.profile, hardware, budget, [replace(c, coarse=coarse) for c in cands])
-                    builds, prices, model_us, columns = [], [], float("nan"), 0
-                    for _ in range(args.repeat):
-                        started = time.perf_counter()
-                        form, _ = at_positions_of(window, sim, budget, plan.actions, plan.initial, False, WINDOW)
-                        builds.append(time.perf_counter() - started)
-                        seconds, model_us = price(form, plan, run, args.threads)
-                        prices.append(seconds)
-                        columns = form.model.num_cols
-                    sim_s, model_s = run.iteration_us / 1e6, model_us / 1e6
-                    print(f"{name:<22} {label:>6} {planner:<9} {'coarse' if coarse else 'step':<6} {columns:8d} "
-                          f"{statistics.median(builds):8.2f} {statistics.median(prices):8.2f} {model_s:8.4f} "
-                          f"{sim_s:8.4f} {model_s / sim_s - 1:+7.2%}")
+    for name, label, budget, planner, _, sim, plan in greedy_cells(args):
+        run = sim.simulate(plan, budget, record=True)
+        cands = candidates(sim.profile, sim.hardware, budget, WINDOW, ("host",))
+        for coarse in (False, True):
+            window = Formulation(sim.profile, sim.hardware, budget, [replace(c, coarse=coarse) for c in cands])
+            builds, prices, model_us, columns = [], [], float("nan"), 0
+            for _ in range(args.repeat):
+                started = time.perf_counter()
+                form, _ = at_positions_of(window, sim, budget, plan.actions, plan.initial, False, WINDOW)
+                builds.append(time.perf_counter() - started)
+                seconds, model_us = price(form, plan, run, args.threads)
+                prices.append(seconds)
+                columns = form.model.num_cols
+            sim_s, model_s = run.iteration_us / 1e6, model_us / 1e6
+            print(f"{name:<22} {label:>6} {planner:<9} {'coarse' if coarse else 'step':<6} {columns:8d} "
+                  f"{statistics.median(builds):8.2f} {statistics.median(prices):8.2f} {model_s:8.4f} "
+                  f"{sim_s:8.4f} {model_s / sim_s - 1:+7.2%}")
 
 
 if __name__ == "__main__":
