@@ -191,6 +191,30 @@ def earliest_issue(profile: Profile, tid: str, after: int, back: int) -> int:
     return max(written[-1] if written else points[0], back)
 
 
+def moves_by_tensor(cands: list[Candidate]) -> dict[tuple[str, str], list[int]]:
+    """The indexes of the candidates (not the wrap ones) per (tensor, tier), in order."""
+    found: dict[tuple[str, str], list[int]] = {}
+    for k, c in enumerate(cands):
+        if not c.wraps:
+            found.setdefault((c.tensor, c.tier), []).append(k)
+    return found
+
+
+def moved_interval(cands: list[Candidate], by_tensor: dict[tuple[str, str], list[int]], tensor: str, tier: str,
+                   issued: int, due: int) -> int | None:
+    """The candidate a plan's offload of ``tensor`` to ``tier``, issued after op ``issued``,
+    and its prefetch due at op ``due`` move: the interval ending at ``due`` (wherever before
+    it the offload was issued: LMS issues it after the producer, R11), else, for a
+    prefetch due early at a recompute that reads the tensor inside an interval
+    (``retarget``), that interval; None when the model has neither (``by_tensor``:
+    ``moves_by_tensor(cands)``)."""
+    mine = by_tensor.get((tensor, tier), ())
+    k = next((j for j in mine if issued < cands[j].before == due), None)
+    if k is None:
+        k = next((j for j in mine if cands[j].after < due < cands[j].before and issued < due), None)
+    return k
+
+
 def slower_tiers_dominated(hardware, cands: list[Candidate]) -> bool:
     """Whether no candidate needs a tier past host memory: host memory holds every
     candidate tensor at once (R19 counts a tensor's host copy once, from its first
@@ -679,19 +703,11 @@ class Formulation:
         candidate here (moves of small tensors, intervals the model does not have)."""
         index = self.profile.op_index
         pos = lambda op: -1 if op is None else index[op]   # noqa: E731
-        by_interval: dict[tuple, int] = {}
-        wrapping: dict[tuple[str, int, str], int] = {}
-        for k, c in enumerate(self.cands):
-            if c.wraps:
-                wrapping[c.tensor, c.before, c.tier] = k
-                continue
-            by_interval[c.tensor, c.after, c.before, c.tier] = k
-        gaps: dict[str, list[tuple[int, int]]] = {}
-        for c in self.cands:
-            if not c.wraps:
-                gaps.setdefault(c.tensor, []).append((c.after, c.before))
+        by_tensor = moves_by_tensor(self.cands)
+        wrapping = {(c.tensor, c.before, c.tier): k for k, c in enumerate(self.cands) if c.wraps}
+        redo_gaps: dict[str, list[tuple[int, int]]] = {}
         for r in self.redo:
-            gaps.setdefault(r.tensor, []).append((r.after, r.before))
+            redo_gaps.setdefault(r.tensor, []).append((r.after, r.before))
         op_starts, op_ends, ended, began = copy_times(self.profile, timeline) if timeline is not None \
             else (None, None, {}, {})
         moved: dict[int, tuple[int, int]] = {}
@@ -714,8 +730,8 @@ class Formulation:
                 pending[act.tensor] = (pos(act.after), act.to, n)
             elif act.kind == "recompute":   # a chain's (due inside the interval) is the model's to add
                 b = pos(act.before)
-                for a, before in gaps.get(act.tensor, ()):
-                    if before == b and (act.tensor, a, b) in redo and (act.tensor, a) not in taken \
+                for a, before in redo_gaps.get(act.tensor, ()):
+                    if before == b and (act.tensor, a) not in taken \
                             and any(a <= at < b for at in dropped.get(act.tensor, ())):
                         recomputed.add(redo[act.tensor, a, b])
                         taken.add((act.tensor, a))
@@ -735,16 +751,13 @@ class Formulation:
                 copied = began.get((act.tensor, nth))
                 if (self.reach or copy_start) and copied is not None and op_starts is not None:   # taken then (R12)
                     f = max(f, fetched_after(op_starts, op_ends, copied))
-                k = next((by_interval[act.tensor, a, before, tier] for a, before in gaps.get(act.tensor, ())
-                          if at < before == b and (act.tensor, a, before, tier) in by_interval), None)
-                if k is None:   # due early, at a recompute that reads it inside the interval (``retarget``)
-                    k = next((by_interval[act.tensor, a, before, tier] for a, before in gaps.get(act.tensor, ())
-                              if a < b < before and at < b and (act.tensor, a, before, tier) in by_interval), None)
-                    f = min(f, b - 2)   # its copy done before op b (``_read_in_moved_interval``)
+                k = moved_interval(self.cands, by_tensor, act.tensor, tier, at, b)
                 if k is None or (act.tensor, self.cands[k].after) in taken:
                     unmatched += 1
                     continue
                 c = self.cands[k]
+                if b < c.before:   # due early, at a recompute: its copy done before op b (``_read_in_moved_interval``)
+                    f = min(f, b - 2)
                 fetch = c.fetch[max(0, bisect_right(c.fetch, f) - 1)]
                 done = ended.get((act.tensor, n))
                 if done is None or op_starts is None:

@@ -24,7 +24,8 @@ from simulator.plan import Plan
 
 from ...core.polish import polish
 from .common import Lowered, lower_fastest
-from .intervals import Candidate, Formulation, candidates, copy_times, fetched_after, predicted_us, same_choices
+from .intervals import (Candidate, Formulation, candidates, copy_times, fetched_after, moved_interval,
+                        moves_by_tensor, predicted_us, same_choices)
 
 ROUNDS = 2          # refinement rounds at most (the second adds positions only where the first moved them)
 SHARE = 0.25        # of the time left after the start, the most kept for refinement
@@ -60,12 +61,7 @@ def observed_positions(profile, cands: list[Candidate], actions, timeline) -> di
     before it had (it waited for the memory: ``Candidate.waits``)."""
     index = profile.op_index
     op_starts, op_ends, ended, began = copy_times(profile, timeline)
-    by_end: dict[tuple[str, int, str], int] = {(c.tensor, c.before, c.tier): k
-                                               for k, c in enumerate(cands) if not c.wraps}
-    within: dict[tuple[str, str], list[int]] = {}
-    for k, c in enumerate(cands):
-        if not c.wraps:
-            within.setdefault((c.tensor, c.tier), []).append(k)
+    by_tensor = moves_by_tensor(cands)
     offloads: dict[str, int] = {}
     prefetches: dict[str, int] = {}
     pending: dict[str, tuple[int, int, str]] = {}
@@ -82,14 +78,11 @@ def observed_positions(profile, cands: list[Candidate], actions, timeline) -> di
                 continue
             at, n, tier = pending.pop(act.tensor)
             due = index[act.before]
-            k = by_end.get((act.tensor, due, tier))
-            if k is None:   # due early, at a recompute that reads it inside the interval: done before op ``due``
-                k = next((j for j in within.get((act.tensor, tier), ()) if cands[j].after < due < cands[j].before
-                          and at < due), None)
-            if k is None or at >= cands[k].before:
+            k = moved_interval(cands, by_tensor, act.tensor, tier, at, due)
+            if k is None:
                 continue
             c = cands[k]
-            last = min(c.before, due) - 2
+            last = min(c.before, due) - 2   # due early, at a recompute: done before op ``due``
             clip = lambda i: min(max(i, c.after + 2), last)   # noqa: E731
             done, copied = ended.get((act.tensor, n)), began.get((act.tensor, m))
             ran = None if done is None else int(np.searchsorted(op_starts, done, side="left"))
