@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -93,7 +94,7 @@ class Candidate:
     def in_steps(self) -> range:
         return range(self.fetch[0] + 1, self.before)
 
-    @property
+    @cached_property   # built once: the model reads it in every row family
     def out_pieces(self) -> tuple[tuple[int, int, int], ...]:
         """Where the offload may run, one column each: (start, stop, s): steps start ..
         stop-1, before release position s (released there or earlier, none of the copy
@@ -110,13 +111,13 @@ class Candidate:
                      for p, q in chunks(edges[s], edges[s + 1], early=True, coarse=self.coarse)) \
             + tuple((r, r + 1, s) for s, r in enumerate(self.release) if r in self.waits)
 
-    @property
+    @cached_property
     def wait_pieces(self) -> range:
         """The indexes in ``out_pieces`` of the pieces ops wait for (the last ones)."""
         n = len(self.out_pieces)
         return range(n - sum(r in self.waits for r in self.release), n)
 
-    @property
+    @cached_property
     def in_pieces(self) -> tuple[tuple[int, int, int], ...]:
         """Where the prefetch may run: (start, stop, s), after fetch position s (issued
         there or earlier); one step each, or, ``coarse``, a longer stretch in pieces of
