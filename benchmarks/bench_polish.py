@@ -20,12 +20,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from greedy_cells import cell_arguments, greedy_cells   # noqa: E402
+from greedy_cells import cell_parser, greedy_cells   # noqa: E402
 from planner.core.polish import polish   # noqa: E402
 
 
 def main() -> None:
-    args = cell_arguments(__doc__.split("\n\n")[0], ["lms", "autoswap"])
+    args = cell_parser(__doc__.split("\n\n")[0], ["lms", "autoswap"]).parse_args()
     print(f"{'profile':<22} {'budget':>6} {'planner':<9} {'before s':>9} {'after s':>9} {'gain':>7} "
           f"{'changes':>7} {'sims':>5} {'median s':>8} {'ms/sim':>6}")
     for name, label, budget, planner, made, runs_on, plan in greedy_cells(args):

@@ -9,7 +9,7 @@ heuristic's), builds the host-only window model (window 20, as tmof's), adds the
 positions (``at_positions_of``), and builds and prices it ``--repeat`` times; medians.
 
 Run: ``.venv/bin/python benchmarks/bench_pricing.py [--profiles resnet152-b512-s224 ...]
-[--planners autoswap lms] [--budgets 50% 30%] [--repeat 3]``.
+[--planners autoswap lms] [--budgets 50% 30%] [--repeat 3] [--threads 2]``.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from greedy_cells import cell_arguments, greedy_cells   # noqa: E402
+from greedy_cells import cell_parser, greedy_cells   # noqa: E402
 from planner.search.ilp.intervals import Formulation, candidates, predicted_us   # noqa: E402
 from planner.search.ilp.refine import at_positions_of   # noqa: E402
 
@@ -38,7 +38,9 @@ def price(form: Formulation, plan, run, threads: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    args = cell_arguments(__doc__.split("\n\n")[0], ["autoswap", "lms"])
+    parser = cell_parser(__doc__.split("\n\n")[0], ["autoswap", "lms"])
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
     print(f"{'profile':<22} {'budget':>6} {'planner':<9} {'pieces':<6} {'columns':>8} {'build s':>8} "
           f"{'price s':>8} {'model s':>8} {'sim s':>8} {'diff':>7}")
     for name, label, budget, planner, _, sim, plan in greedy_cells(args):

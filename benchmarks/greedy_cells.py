@@ -17,15 +17,15 @@ from simulator.units import parse_budget   # noqa: E402
 PROFILES = ("resnet50-b1024-s224", "gpt2-b48-s1024", "resnet152-b512-s224")
 
 
-def cell_arguments(description: str, planners: list[str]) -> argparse.Namespace:
+def cell_parser(description: str, planners: list[str]) -> argparse.ArgumentParser:
+    """The arguments that choose the cells (a script adds its own, then parses)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES))
     parser.add_argument("--planners", nargs="+", default=planners)
     parser.add_argument("--budgets", nargs="+", default=["50%", "30%"])
     parser.add_argument("--hardware", default="a100-40gb-pcie4")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    return parser.parse_args()
+    return parser
 
 
 def greedy_cells(args: argparse.Namespace):
