@@ -83,3 +83,24 @@ class OneLineErrors(click.Group):
 def _out_of_memory(ctx: click.Context, exc: MemoryError) -> str:
     """The one line for a MemoryError (cli_text.out_of_memory_line)."""
     return out_of_memory_line(" ".join(p for p in (ctx.command_path, ctx.invoked_subcommand) if p), exc)
+
+
+TRACE_EXTRA = ("needs the 'trace' extra (torch, transformers): pip install 'swapplan[trace]' "
+                "(from a checkout: pip install -e '.[trace]')")
+
+
+def need_torch(command: str | None = None) -> None:
+    """InputError (exit 2), one line ``<command> needs the 'trace' extra ...``, when torch
+    is missing (or its import is blocked); ``command`` defaults to the one running."""
+    import importlib.util
+
+    if command is None:
+        ctx = click.get_current_context(silent=True)
+        command = ctx.info_name if ctx is not None and ctx.info_name else "swapplan"
+
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # ValueError: blocked (sys.modules["torch"] is None)
+        found = False
+    if not found:
+        raise InputError("", "", f"{command} {TRACE_EXTRA}")

@@ -48,6 +48,7 @@ class Cell:
     seed: int = 0
     time_limit: float | None = None
     params: dict = field(default_factory=dict, hash=False, compare=False)
+    split_ops: bool = True       # R54: ops may run in chunks where one alone is over the budget
 
     @property
     def key(self) -> str:
@@ -110,7 +111,8 @@ def _deadline(seconds: float):
 
 
 @lru_cache(maxsize=8)
-def _profile(spec: str, sha256: str):
+def cell_profile(spec: str, sha256: str):
+    """A cell's profile, read once per process, checked against the digest the cell was made with."""
     from simulator.catalog import open_profile
     profile = open_profile(spec)
     if profile.sha256 != sha256:
@@ -148,37 +150,46 @@ def run_cell(cell: Cell) -> tuple[dict, str | None]:
     ``error`` or ``timeout`` and the reason in ``error``; a budget below the planner's
     floor gives ``below-floor``.
     """
+    from simulator.plan import plan_json
+
+    row, planned, _ = plan_cell(cell)
+    return row, None if planned is None else plan_json(planned.plan)
+
+
+def plan_cell(cell: Cell):
+    """``run_cell``'s work: (the row, the ``planner.core.api.Planned`` or None when there
+    is no plan, and for a budget below the planner's floor ``{"floor_bytes", "op"}``),
+    for callers that read more than the row holds (``fit``: where a plan stopped)."""
     from planner.core.api import make_plan
     from planner.core.registry import RunOptions
-    from simulator.plan import plan_json
 
     row = empty_row(cell)
     started = time.perf_counter()
     try:
         with _deadline(hard_limit_s(cell.time_limit)) as armed:
-            profile, hardware = _profile(cell.profile, cell.profile_sha256), _hardware(cell.hardware)
+            profile, hardware = cell_profile(cell.profile, cell.profile_sha256), _hardware(cell.hardware)
             row["ideal_us"] = profile.ideal_us
             options = RunOptions(seed=cell.seed, time_limit=cell.time_limit)
             planned = make_plan(profile, hardware, cell.budget_bytes, cell.planner, dict(cell.params),
-                                cell.seed, options)
+                                cell.seed, options, split_ops=cell.split_ops)
             if armed and time.perf_counter() - started > hard_limit_s(cell.time_limit):
                 raise CellTimeout()   # past the hard limit, whatever swallowed the alarm
     except InfeasibleError as exc:
         row.update(status=BELOW_FLOOR, error=str(exc))
-        return row, None
+        return row, None, {"floor_bytes": exc.floor_bytes, "op": exc.op}
     except CellTimeout:
         row.update(status=TIMEOUT, planning_seconds=round(time.perf_counter() - started, 3),
                    error=f"stopped after {hard_limit_s(cell.time_limit):g} s" +
                    (f" (time limit {cell.time_limit:g} s)" if cell.time_limit is not None else ""))
-        return row, None
+        return row, None, {}
     except SwapplanError as exc:
         row.update(status=ERROR, error=exc.line() if isinstance(exc, InputError) else str(exc))
-        return row, None
+        return row, None, {}
     except Exception as exc:  # a planner's bug: recorded, the sweep goes on
         last = traceback.extract_tb(exc.__traceback__)[-1]
         row.update(status=ERROR, error=f"{type(exc).__name__}: {exc} (at {last.filename.rsplit('/', 1)[-1]}:"
                                        f"{last.lineno})")
-        return row, None
+        return row, None, {}
     result, predicted, report = planned.result, planned.plan.predicted, planned.plan.planner
     links = result.link_bytes or {}
     row.update(status=OK if result.ok else (INVALID if not result.valid else INFEASIBLE),
@@ -193,4 +204,4 @@ def run_cell(cell: Cell) -> tuple[dict, str | None]:
                actions=len(planned.plan.actions), planning_seconds=round(planned.seconds, 3),
                plan_file="plans/" + cell.plan_file,
                error=None if result.ok else result.reason)
-    return row, plan_json(planned.plan)
+    return row, planned, {}

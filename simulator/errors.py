@@ -56,7 +56,13 @@ class InputError(SwapplanError):
 
 
 class InfeasibleError(SwapplanError):
-    """A request that cannot be met, such as a budget below the feasible floor."""
+    """A request that cannot be met, such as a budget below the feasible floor
+    (``floor_bytes``: that floor, ``op``: the op that sets it, where known)."""
+
+    def __init__(self, message: str = "", floor_bytes: int | None = None, op: str | None = None):
+        super().__init__(message)
+        self.floor_bytes = floor_bytes
+        self.op = op
 
 
 class SolverError(SwapplanError):

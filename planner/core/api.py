@@ -32,7 +32,7 @@ class Planned:
 
 def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: str = "none",
               params: dict | None = None, seed: int = 0, options: RunOptions | None = None,
-              group: bool = False) -> Planned:
+              group: bool = False, split_ops: bool = True) -> Planned:
     """Plan ``profile`` for ``hardware`` within ``budget_bytes`` with the named planner.
 
     The plan's ``planner`` block is the planner report: its status (the planner's own
@@ -42,6 +42,8 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     holds the simulator's figures. ``group`` aggregates the plan's transfers issued
     together into groups (R53, planner/core/grouping.py), kept only if the simulator finds
     the grouped plan no slower (the notes say which).
+    ``split_ops`` False never runs an op in chunks (R54), as a framework without the
+    technique runs it (fit's baseline).
 
     Raises InputError for an unknown planner or parameter or a budget above the GPU's
     memory, and InfeasibleError for a budget below the floor no plan of this planner can
@@ -55,7 +57,7 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     explicit = spec.memory != "uvm"
     floor, floor_op = _floor(spec, resolved, profile, hardware)
     splits, why_split = {}, None
-    if budget_bytes < floor and explicit:   # R54: an op alone over the budget may run in chunks
+    if budget_bytes < floor and explicit and split_ops:   # R54: an op alone over the budget may run in chunks
         splits = _cell_splits(profile, budget_bytes, spec, resolved)
         if splits:
             why_split = f"op {floor_op!r} alone needs {floor} bytes, more than the budget"
@@ -66,9 +68,10 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
         if not explicit:
             why = f"op {floor_op!r} needs its outputs, its workspace and one fault batch on the GPU (R32)"
         raise InfeasibleError(f"budget: {budget_bytes} bytes is below the smallest budget planner {planner!r} can "
-                              f"meet: {floor} bytes ({why})")
+                              f"meet: {floor} bytes ({why})", floor_bytes=floor, op=floor_op)
     plan, result, draft, seconds = _run_planner(spec, resolved, sim, splits, hardware, budget_bytes, options, group)
-    target = _split_target(profile, result, floor_op) if explicit and not splits and not spec.searches else None
+    target = (_split_target(profile, result, floor_op) if explicit and split_ops and not splits and not spec.searches
+              else None)
     if target is not None:
         # the plan does not run: the op it stops at (or the one with the largest working set) run in chunks,
         # with its tensors' chain, may leave room enough

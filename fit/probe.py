@@ -1,0 +1,115 @@
+"""One probe of ``fit``: one planner at one size, planned and simulated within the memory,
+and when it does not fit, the wall it hit.
+
+A wall is what stops the plan, in the words a user acts on: ``memory`` (over the memory
+by how many bytes, at which op), ``op-alone`` (one op's working set is over the memory
+even with everything else moved off, and splitting it (R54) does not help), ``host-full``
+or ``ssd-full`` (the tier that receives the offloads is full), ``time-limit``, ``trace``
+(the model cannot be traced at that size), ``invalid`` or ``error`` (the planner's fault).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from compare.cells import BELOW_FLOOR, ERROR, INFEASIBLE, INVALID, OK, TIMEOUT, Cell, plan_cell
+
+WALLS = ("memory", "op-alone", "host-full", "ssd-full", "time-limit", "trace", "invalid", "error", "limit")
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What to run: ``planner`` on the profile traced at ``units`` steps (``size`` in
+    samples or tokens), within ``memory_bytes`` of GPU memory."""
+    units: int
+    size: int
+    planner: str
+    family: str
+    profile: str
+    profile_name: str
+    sha256: str
+    hardware: str
+    hardware_name: str
+    memory_bytes: int
+    seed: int = 0
+    time_limit: float | None = None
+
+    @property
+    def key(self) -> str:
+        """Identifies a finished probe across runs: same profile content, machine, planner,
+        memory, seed and time limit."""
+        text = json.dumps([self.sha256, self.hardware_name, self.planner, self.memory_bytes, self.seed,
+                           self.time_limit])
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+    @property
+    def plan_file(self) -> str:
+        """The plan's file under the output folder."""
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in f"{self.profile_name}__{self.planner}")
+        return f"plans/{safe}.json"
+
+
+def run_probe(probe: Probe) -> tuple[dict, str | None]:
+    """Plan and simulate one probe (a worker runs this): its row and the plan's JSON text
+    (None when there is no plan that runs). Never raises for a planner's failure."""
+    from simulator.plan import plan_json
+
+    cell = Cell(probe.profile, probe.profile_name, probe.sha256, probe.hardware, probe.hardware_name,
+                probe.planner, f"{probe.memory_bytes}B", probe.memory_bytes, False, probe.seed, probe.time_limit,
+                split_ops=probe.family != "baseline")
+    row, planned, detail = plan_cell(cell)
+    out = {"key": probe.key, "units": probe.units, "size": probe.size, "planner": probe.planner,
+           "family": probe.family, "profile": probe.profile_name, "sha256": probe.sha256,
+           "memory_bytes": probe.memory_bytes, "status": row["status"], "fits": row["status"] == OK,
+           "iteration_us": row["iteration_us"], "peak_bytes": row["peak_bytes"],
+           "planning_seconds": row["planning_seconds"], "fallback": row["fallback"],
+           "splits": None, "plan_file": None, "wall": None, "wall_op": None, "over_bytes": None,
+           "wall_text": None}
+    if planned is not None:
+        out["splits"] = planned.plan.planner.notes.get("splits") if planned.plan.planner.notes else None
+    if row["status"] == OK:
+        out["plan_file"] = probe.plan_file
+        return out, plan_json(planned.plan)
+    out.update(wall_of(row, planned, detail, probe))
+    return out, None
+
+
+def wall_of(row: dict, planned, detail: dict, probe: Probe) -> dict:
+    """``wall``, ``wall_op``, ``over_bytes`` and ``wall_text`` of a probe that does not fit."""
+    status = row["status"]
+    memory = probe.memory_bytes
+    if status == BELOW_FLOOR:
+        floor, op = detail.get("floor_bytes"), detail.get("op")
+        over = None if floor is None else floor - memory
+        text = (f"op {op} alone needs {floor} B with what must stay on the GPU, {over} B over the memory"
+                + (" (split into chunks where it can be: R54)" if floor is not None else ""))
+        return {"wall": "op-alone", "wall_op": op, "over_bytes": over, "wall_text": text}
+    if status == TIMEOUT:
+        return {"wall": "time-limit", "wall_text": row["error"]}
+    if status == INFEASIBLE and planned is not None:
+        result = planned.result
+        blocked = result.blocked or {}
+        tier = blocked.get("tier")
+        if tier is not None:
+            return {"wall": f"{'ssd' if 'ssd' in tier else 'host'}-full", "wall_op": result.op,
+                    "wall_text": result.reason}
+        if probe.family == "baseline":    # nothing moves: the no-swap peak is the whole story
+            profile = planned_profile(probe)
+            over = profile.peak_bytes - memory
+            op = profile.peak_op
+            return {"wall": "memory", "wall_op": op, "over_bytes": over,
+                    "wall_text": f"the no-swap peak is {profile.peak_bytes} B at op {op}, {over} B over the memory"}
+        needed, free = blocked.get("needed_bytes"), blocked.get("free_bytes")
+        over = None if needed is None or free is None else needed - free
+        return {"wall": "memory", "wall_op": result.op, "over_bytes": over, "wall_text": result.reason}
+    if status == INVALID:
+        return {"wall": "invalid", "wall_op": planned.result.op if planned else None, "wall_text": row["error"]}
+    assert status == ERROR or planned is None, status
+    return {"wall": "error", "wall_text": row["error"]}
+
+
+def planned_profile(probe: Probe):
+    """The probe's profile (as its cell loaded it: read once per worker)."""
+    from compare.cells import cell_profile
+    return cell_profile(probe.profile, probe.sha256)
