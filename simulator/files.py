@@ -6,7 +6,9 @@ only (a FIFO, ``/dev/stdin`` or a device would block or never end), at most
 without lone UTF-16 surrogates. Writes are atomic (a temporary file in the same folder
 renamed into place) and go only to a new path or over a regular file: never through a
 symbolic link, over a device, a FIFO or a folder; ``check_outputs`` (and
-``check_output_folder``) also keep a command's outputs off its inputs and off each other.
+``check_output_folder``) also keep a command's outputs off its inputs and off each other
+and create a file where each output goes (``probe_folder``), so that an output that
+cannot be written fails before any work: the one check every command makes.
 """
 from __future__ import annotations
 
@@ -418,7 +420,7 @@ def check_outputs(outputs, inputs=()) -> None:
     to protect. Raises InputError, one line naming both, when an output is the same
     file as an input (the same path once resolved, a symbolic link to it either way,
     or a hard link: the same device and inode) or as another output; then checks each
-    output with ``check_output``.
+    output with ``check_output`` and its folder with ``probe_folder``.
     """
     outputs = [(option, path) for option, path in outputs if path]
     inputs = [(what, path) for what, path in inputs if path]
@@ -433,8 +435,46 @@ def check_outputs(outputs, inputs=()) -> None:
             if how is not None:
                 raise InputError(str(path), "", f"{other_option} and {option} name {how} ({other} and {path}); "
                                                 "give each output its own path")
+    probed = set()
     for _, path in outputs:
-        check_output(path)
+        path = check_output(path)
+        folder = path.parent if str(path.parent) else Path(".")
+        if _real(folder) not in probed:
+            probe_folder(folder, str(path))
+            probed.add(_real(folder))
+
+
+def probe_folder(folder: str | os.PathLike, name: str | None = None, option: str = "") -> None:
+    """Check that files can be created in ``folder`` by creating one (a hidden temporary
+    file, removed at once): no write permission, a read-only file system or a folder
+    that takes no new files (``/proc/self``) is found before any work, not after it.
+
+    Raises InputError naming ``name`` (default: the folder) and ``option``."""
+    name = name or str(folder)
+    try:
+        handle, temp = tempfile.mkstemp(prefix=".swapplan-probe-", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and os.path.isdir(folder):
+            why = "it takes no new files (a special file system?)"
+        elif isinstance(exc, FileNotFoundError):
+            why = "it does not exist"
+        else:
+            why = exc.strerror or str(exc)
+        raise InputError(name, option, f"cannot write in folder {str(folder)!r}: {why}") from None
+    os.close(handle)
+    try:
+        os.unlink(temp)
+    except OSError:
+        pass
+
+
+def _existing_ancestor(folder: Path) -> Path:
+    """The nearest of ``folder``'s ancestors that exists (links followed), as written
+    (``f`` for ``f/x``), else the current folder."""
+    for parent in Path(folder).parents:
+        if os.path.exists(parent):
+            return parent
+    return Path(".")
 
 
 def check_output_folder(folder: str | os.PathLike, option: str, writes, inputs=(), subfolders=()) -> None:
@@ -442,9 +482,20 @@ def check_output_folder(folder: str | os.PathLike, option: str, writes, inputs=(
     ``subfolders``): InputError when an input is a file the command may write there.
     ``writes(relative)`` says whether the command writes the file at the relative path
     (a Path) inside ``folder``; an input is caught by its resolved path, or as the file
-    a hard or symbolic link there names; and when ``folder`` exists and is not a folder."""
+    a hard or symbolic link there names; and when ``folder`` exists and is not a folder,
+    or cannot be created or written (``probe_folder`` in it, in its existing
+    ``subfolders``, or in the nearest ancestor it would be created in). Creates nothing."""
     if os.path.lexists(folder) and not os.path.isdir(folder):
         raise InputError(str(folder), option, "is not a folder")
+    if os.path.isdir(folder):
+        for sub in ("", *subfolders):
+            if sub == "" or os.path.isdir(Path(folder) / sub):
+                probe_folder(Path(folder) / sub, str(folder), option)
+    else:
+        parent = _existing_ancestor(Path(folder))
+        if not parent.is_dir():
+            raise InputError(str(folder), option, f"{str(parent)!r} is a file, not a folder")
+        probe_folder(parent, str(folder), option)
     inputs = [(what, path) for what, path in inputs if path and _file_id(path) is not None]
     if not inputs:
         return
