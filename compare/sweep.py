@@ -1,14 +1,13 @@
 """Run every cell of a comparison, locally or on a Dask cluster, resumably.
 
 Rows and plans are written after every finished cell (atomically), so an interrupted
-sweep keeps what it finished and a rerun with the same output folder runs only the rest.
-Rows come out in cell order whatever the number of jobs or where the cells ran.
+or killed sweep keeps what it finished and a rerun with the same output folder runs only
+the rest. The folder keeps other runs' rows too (compare.results_folder: merged by cell
+key, under a lock). Rows come out in cell order whatever the number of jobs or where the
+cells ran.
 """
 from __future__ import annotations
 
-import csv
-import io
-import json
 import os
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -17,11 +16,11 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from simulator.errors import InputError
-from simulator.files import write_atomic
 
 from .cells import COLUMNS, ERROR, Cell, empty_row, run_cell
+from .results_folder import RESULTS_CSV, RESULTS_JSON, ResultsFolder
 
-RESULTS_JSON, RESULTS_CSV, PLANS = "results.json", "results.csv", "plans"
+PLANS = "plans"
 
 
 def expand_cells(profiles: Iterable[str], hardware: Iterable[str | None], planners: Iterable[str],
@@ -70,65 +69,57 @@ def expand_cells(profiles: Iterable[str], hardware: Iterable[str | None], planne
 
 @dataclass
 class Outcome:
-    """What a sweep did: every cell's row (in cell order), how many ran now and how many
-    were already done, and whether it was interrupted."""
+    """What a sweep did: its cells' rows (in cell order), how many ran now and how many
+    were already done, whether it was interrupted, and every row now in the folder (this
+    sweep's and those other runs left there, in the folder's order)."""
     rows: list[dict]
     ran: int = 0
     resumed: int = 0
     interrupted: bool = False
     failed: list[dict] = field(default_factory=list)
+    folder_rows: list[dict] = field(default_factory=list)
 
 
-class ResultStore:
-    """The output folder: ``results.json``, ``results.csv`` and ``plans/``."""
-
-    def __init__(self, out: str | os.PathLike):
-        self.out = Path(out)
-        if self.out.exists() and not self.out.is_dir():
-            raise InputError(str(out), "--out", "is not a folder")
-        try:
-            (self.out / PLANS).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise InputError(str(out), "--out", f"cannot create the folder: {exc.strerror}") from None
-
-    def finished(self) -> dict[str, dict]:
-        """Rows of an earlier run, by cell key (an unreadable file is an input error)."""
-        path = self.out / RESULTS_JSON
-        if not path.exists():
-            return {}
-        try:
-            data = json.loads(path.read_text())
-            return {row["key"]: row for row in data["rows"]}
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InputError(str(path), "rows", f"cannot resume from it ({exc}); remove it or choose another "
-                                                "--out") from None
-
-    def save_plan(self, cell: Cell, text: str) -> None:
-        write_atomic(self.out / PLANS / cell.plan_file, text.encode())
-
-    def save_rows(self, rows: list[dict]) -> None:
-        from .grid import annotate
-        annotate(rows)   # family and the column's bound: they depend on the other rows
-        write_atomic(self.out / RESULTS_JSON,
-                     (json.dumps({"columns": list(COLUMNS), "rows": rows}, indent=1, allow_nan=False) + "\n").encode())
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(COLUMNS), extrasaction="ignore", lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if row.get(k) is None else row[k]) for k in COLUMNS})
-        write_atomic(self.out / RESULTS_CSV, buffer.getvalue().encode())
+def compare_folder(out: str | os.PathLike | ResultsFolder) -> ResultsFolder:
+    """The results folder of ``compare --out``: its rows merged with the folder's by cell
+    key (compare.results_folder), ``plans/`` beside them, and the columns that depend on
+    the other rows filled on every save (``grid.annotate``)."""
+    if isinstance(out, ResultsFolder):
+        return out
+    from .grid import annotate
+    return ResultsFolder(out, COLUMNS, kind="compare", option="--out", prepare=annotate, subfolders=(PLANS,))
 
 
-def run_sweep(cells: list[Cell], out: str | os.PathLike, jobs: int = 1, dask_address: str | None = None,
-              progress: Callable[[int, int, dict], None] | None = None) -> Outcome:
+def compare_writes(relative: Path) -> bool:
+    """Whether compare --out writes the file at this path inside its folder besides the
+    results files and the lock: report.html, the charts (*.png) and plans/*."""
+    parts = relative.parts
+    if len(parts) == 1:
+        return parts[0] in (RESULTS_CSV, RESULTS_JSON, "report.html") or parts[0].lower().endswith(".png")
+    return len(parts) >= 2 and parts[0] == PLANS
+
+
+def run_sweep(cells: list[Cell], out: str | os.PathLike | ResultsFolder, jobs: int = 1,
+              dask_address: str | None = None, progress: Callable[[int, int, dict], None] | None = None,
+              started: Callable[[], None] | None = None) -> Outcome:
     """Run the cells not already finished in ``out``; write rows and plans as they finish.
 
-    ``jobs`` > 1 runs cells in that many local processes; ``dask_address`` on a Dask
-    cluster instead (its workers must be able to open the same profile files). Ctrl-C
-    stops the sweep with every finished cell written (``interrupted``).
+    Rows are merged with those the folder holds (``compare_folder``): other runs' rows
+    are kept, into the same folder at the same time too. ``jobs`` > 1 runs cells in that
+    many local processes; ``dask_address`` on a Dask cluster instead (its workers must be
+    able to open the same profile files). ``started`` is called once set-up succeeded
+    (the folder opened, the cluster reached), before any cell runs: a banner printed
+    there never precedes a set-up error. Ctrl-C stops the sweep with every finished cell
+    written (``interrupted``).
     """
-    store = ResultStore(out)
-    earlier = store.finished()
+    store = compare_folder(out)
+    client = _dask_client(dask_address) if dask_address else None
+    try:
+        earlier = store.open()
+    except BaseException:
+        if client is not None:
+            client.close()
+        raise
     rows: dict[str, dict] = {}
     for cell in cells:
         if cell.key in earlier:
@@ -151,20 +142,22 @@ def run_sweep(cells: list[Cell], out: str | os.PathLike, jobs: int = 1, dask_add
     def finish(cell: Cell, row: dict, plan_text: str | None) -> None:
         for twin in twins[cell.work_key]:
             if plan_text is not None:
-                store.save_plan(twin, plan_text)
+                store.write(Path(PLANS) / twin.plan_file, plan_text.encode())
             rows[twin.key] = dict(row, key=twin.key, budget=twin.budget,
                                   plan_file=None if row.get("plan_file") is None else "plans/" + twin.plan_file)
             outcome.ran += 1
-        store.save_rows(ordered())
+        store.save(ordered())
         if progress is not None:
             progress(len(rows), len(cells), rows[cell.key])
 
-    store.save_rows(ordered())
-    if progress is not None:
-        progress(len(rows), len(cells), {})
     try:
-        if dask_address:
-            _run_dask(todo, dask_address, finish)
+        if started is not None:
+            started()
+        store.save(ordered())
+        if progress is not None:
+            progress(len(rows), len(cells), {})
+        if client is not None:
+            _run_dask(todo, client, finish)
         elif jobs > 1 and len(todo) > 1:
             _run_pool(todo, jobs, finish)
         else:
@@ -172,9 +165,24 @@ def run_sweep(cells: list[Cell], out: str | os.PathLike, jobs: int = 1, dask_add
                 finish(cell, *run_cell(cell))
     except KeyboardInterrupt:
         outcome.interrupted = True
+    finally:
+        if client is not None:
+            client.close()
     outcome.rows = ordered()
     outcome.failed = [row for row in outcome.rows if row["status"] == ERROR]
+    outcome.folder_rows = store.rows()
     return outcome
+
+
+def write_folder_report(out: str | os.PathLike | ResultsFolder) -> Path | None:
+    """The charts and report.html of every row in the folder (other runs' too), written
+    under the folder's lock so that the last run to finish leaves the report of all
+    rows; None when the folder holds no rows."""
+    from .report import write_report
+    store = compare_folder(out)
+    with store.locked():
+        rows = store.rows()
+        return write_report(rows, store.path) if rows else None
 
 
 def _run_pool(cells: list[Cell], jobs: int, finish) -> None:
@@ -222,25 +230,28 @@ def _pool_round(cells: list[Cell], jobs: int, finish) -> list[Cell]:
     return [cells[k] for k in sorted(broken)]
 
 
-def _run_dask(cells: list[Cell], address: str, finish) -> None:
+def _dask_client(address: str):
+    """A client of the Dask scheduler at ``address`` (InputError when the extra is
+    missing or the scheduler cannot be reached)."""
     try:
-        from distributed import Client, as_completed
+        from distributed import Client
     except ImportError:
         raise InputError("<argument>", "--dask", "needs the dask extra: pip install 'swapplan[dask]'") from None
     try:
-        client = Client(address, timeout="10s")
+        return Client(address, timeout="10s")
     except (OSError, TimeoutError, ValueError) as exc:
         raise InputError("<argument>", "--dask", f"cannot reach the scheduler at {address!r}: {exc}") from None
-    try:
-        futures = {client.submit(run_cell, cell, pure=False, key=f"swapplan-{i}-{cell.plan_file}"): cell
-                   for i, cell in enumerate(cells)}
-        for future in as_completed(futures):
-            cell = futures[future]
-            try:
-                finish(cell, *future.result())
-            except Exception as exc:  # the worker died or the task was lost
-                row = empty_row(cell)
-                row.update(status=ERROR, error=f"on the Dask cluster: {type(exc).__name__}: {exc}")
-                finish(cell, row, None)
-    finally:
-        client.close()
+
+
+def _run_dask(cells: list[Cell], client, finish) -> None:
+    from distributed import as_completed
+    futures = {client.submit(run_cell, cell, pure=False, key=f"swapplan-{i}-{cell.plan_file}"): cell
+               for i, cell in enumerate(cells)}
+    for future in as_completed(futures):
+        cell = futures[future]
+        try:
+            finish(cell, *future.result())
+        except Exception as exc:  # the worker died or the task was lost
+            row = empty_row(cell)
+            row.update(status=ERROR, error=f"on the Dask cluster: {type(exc).__name__}: {exc}")
+            finish(cell, row, None)

@@ -21,7 +21,7 @@ from compare.charts import bar_figure, bar_layout, family_figure, png  # noqa: E
 from compare.grid import (FAMILY_COLORS, OTHER, TOP, UVM_BOUND, annotate, best_per_family, bound_text,  # noqa: E402
                           cell_bound, cell_bound_text, family_of, grids, is_fallback, ranking)
 from compare.report import html_report, write_report  # noqa: E402
-from compare.sweep import ResultStore, expand_cells  # noqa: E402
+from compare.sweep import compare_folder, expand_cells  # noqa: E402
 from planner.core.registry import FAMILIES, select_planners  # noqa: E402
 
 IDEAL = 1000.0
@@ -314,8 +314,9 @@ def test_the_page_is_self_contained_and_holds_every_table_and_chart(tmp_path):
 
 
 def test_results_json_and_csv_carry_family_and_the_cell_bound(tmp_path):
-    store = ResultStore(tmp_path)
-    store.save_rows(_rows())
+    store = compare_folder(tmp_path)
+    store.open()
+    store.save([dict(row, key=str(k)) for k, row in enumerate(_rows())])
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["columns"] == list(COLUMNS)
     assert {"family", "fallback", "cell_bound_us", "gap_to_cell_bound"} <= set(COLUMNS)

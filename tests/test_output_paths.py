@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cli import _compare_writes
+from compare.sweep import compare_writes as _compare_writes
 from simulator.errors import InputError
 from simulator.files import check_output_folder, check_outputs, same_file
 from simulator.hardware import preset_dir
