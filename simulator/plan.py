@@ -412,9 +412,24 @@ def check_plan(plan: Plan, profile: Profile, has_ssd: bool = True, has_cpu: bool
     """
     file = plan.origin
     if plan.profile_sha256 and plan.profile_sha256 != profile_sha256(profile):
-        raise InputError(file, "profile.sha256",
-                         f"plan was made for another profile ({plan.profile_name!r}); "
-                         f"it does not match {profile.name!r}")
+        raise InputError(file, "profile.sha256", other_profile_problem(plan, profile))
+    _check_structure(plan, profile, file, has_ssd, has_cpu)
+
+
+def other_profile_problem(plan: Plan, profile: Profile) -> str:
+    """Why a plan whose ``profile.sha256`` differs from the profile's does not run on it:
+    made for another profile, or, under the same name, for other contents (a profile
+    traced or edited again): both hashes' first characters then tell them apart."""
+    mine = profile_sha256(profile)
+    if plan.profile_name == profile.name:
+        return (f"plan was made for another profile of the same name {profile.name!r}: the contents differ "
+                f"(sha256 {plan.profile_sha256[:12]}... in the plan, {mine[:12]}... of this profile); plan this "
+                "profile again")
+    return f"plan was made for another profile ({plan.profile_name!r}); it does not match {profile.name!r}"
+
+
+def _check_structure(plan: Plan, profile: Profile, file: str, has_ssd: bool, has_cpu: bool) -> None:
+    """The rest of ``check_plan``, once the plan is known to be for this profile."""
     if plan.splits:   # R54: the actions name the chunks and slices of the profile the plan runs
         profile = split_profile(profile, plan.splits, file)
         plan = replace(plan, splits={}, profile_sha256=None)
