@@ -88,10 +88,22 @@ def train(model: str, *, planner: str | None = None, budget: str | int | None = 
         detail = detail.splitlines()[0] if detail else type(exc).__name__
     # out of the handler, the traceback and the tensors its frames held are gone; these too
     values = planned_run = None  # noqa: F841
-    batch_seq = f"batch {profile.source.get('batch')}" + (f", seq {profile.source['seq']}"
-                                                        if profile.source.get("seq") else "")
-    raise InputError("<argument>", "--batch", f"{model} at {batch_seq} ran out of memory in its real CPU steps "
-                                              f"({detail}): try a smaller --batch (or --seq)")
+    raise InputError("<argument>", "--batch", out_of_memory_problem(model, profile.source.get("batch"),
+                                                                    profile.source.get("seq"), detail))
+
+
+def out_of_memory_problem(model: str, batch, seq, detail: str) -> str:
+    """What to say when the real steps ran out of memory: what to make smaller, only
+    where something smaller exists (no smaller --batch than 1)."""
+    batch_seq = f"batch {batch}" + (f", seq {seq}" if seq else "")
+    said = f"{model} at {batch_seq} ran out of memory in its real CPU steps ({detail})"
+    smaller_batch = not isinstance(batch, int) or batch > 1
+    smaller_seq = isinstance(seq, int) and seq > 1
+    if smaller_batch:
+        return said + ": try a smaller --batch (or --seq)"
+    if smaller_seq:
+        return said + ": try a smaller --seq"
+    return said + ": even its smallest step does not fit; run it on a machine with more memory"
 
 
 def out_of_memory(exc: BaseException) -> bool:
