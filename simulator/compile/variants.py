@@ -1,7 +1,10 @@
 """Measured op variants (R52) from a CSV into a profile: ``swapplan variants``.
 
-The CSV has a header ``op,name,time_us,workspace_bytes`` and one row per variant: the
-op's id, the variant's name (unique per op, not ``default``), its time and workspace.
+The CSV has one row per variant: the op's id, the variant's name (printable text,
+unique per op, not ``default``), its time and workspace, under a header
+``op,name,time_us,workspace_bytes`` or, without one, in that order. A name the op has
+already is an error unless ``replace`` is given: merging measurements twice must not
+silently swap one for the other.
 """
 from __future__ import annotations
 
@@ -34,10 +37,14 @@ def read_variants(path: str) -> list[tuple[int, str, str, float, int]]:
 
 def _rows(path: str, reader) -> list[tuple[int, str, str, float, int]]:
     header = next(reader, None)
+    first: list[list[str]] = []
     if header is None or [h.strip() for h in header] != list(COLUMNS):
-        raise InputError(path, "line 1", f"expected the header {','.join(COLUMNS)}, got {','.join(header or [])!r}")
+        if not _is_data(header):
+            raise InputError(path, "line 1", f"expected the header {','.join(COLUMNS)} (or a first row of "
+                                             f"values in that order), got {','.join(header or [])!r}")
+        first = [header]    # no header: the first line is a variant
     rows = []
-    for line, row in enumerate(reader, start=2):
+    for line, row in enumerate(_chain(first, reader), start=2 - len(first)):
         if not row or all(not cell.strip() for cell in row):
             continue
         if len(row) != len(COLUMNS):
@@ -45,6 +52,8 @@ def _rows(path: str, reader) -> list[tuple[int, str, str, float, int]]:
         op, name, time_text, workspace_text = (cell.strip() for cell in row)
         if not op or not name:
             raise InputError(path, f"line {line}", "op and name must not be empty")
+        if not name.isprintable():
+            raise InputError(path, f"line {line}.name", f"must be printable text, got {ascii(name[:40])}")
         try:
             time_us = float(time_text)
         except ValueError:
@@ -62,9 +71,26 @@ def _rows(path: str, reader) -> list[tuple[int, str, str, float, int]]:
     return rows
 
 
-def merge_variants(profile: Profile, rows, path: str) -> Profile:
-    """The profile with the rows' variants added to their ops (a name an op has already
-    is replaced); InputError for an unknown op, a reserved or repeated name."""
+def _is_data(row) -> bool:
+    """Whether a first CSV row is a variant rather than a header: four cells, a time."""
+    if not row or len(row) != len(COLUMNS):
+        return False
+    try:
+        float(row[2])
+    except ValueError:
+        return False
+    return True
+
+
+def _chain(first, reader):
+    yield from first
+    yield from reader
+
+
+def merge_variants(profile: Profile, rows, path: str, replace_existing: bool = False) -> Profile:
+    """The profile with the rows' variants added to their ops; InputError for an unknown
+    op, a reserved or repeated name, and a name the op has already unless
+    ``replace_existing`` (``--replace``): then the row replaces that variant."""
     added: dict[str, dict[str, Variant]] = {}
     for line, op_id, name, time_us, workspace in rows:
         if op_id not in profile.op_index:
@@ -74,6 +100,10 @@ def merge_variants(profile: Profile, rows, path: str) -> Profile:
         mine = added.setdefault(op_id, {})
         if name in mine:
             raise InputError(path, f"line {line}.name", f"op {op_id!r} has variant {name!r} twice")
+        if not replace_existing and profile.ops[profile.op_index[op_id]].variant(name) is not None:
+            raise InputError(path, f"line {line}.name", f"op {op_id!r} of profile {profile.name!r} has a variant "
+                                                        f"{name!r} already: give --replace to replace it, or "
+                                                        "another name")
         mine[name] = Variant(name, time_us, workspace)
     ops = []
     for op in profile.ops:
