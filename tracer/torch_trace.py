@@ -53,7 +53,7 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
           gpu_kernels: bool = True, amp: str | None = None, hf_config=None,
           runtime: bool = False, density: bool = False, density_batch: int | None = None,
           density_seq: int | None = None, density_seed: int = 0,
-          density_threads: int | None = None, say=None) -> Profile:
+          density_threads: int | None = None, say=None, started=None) -> Profile:
     """Trace one training step of ``model`` into a Profile.
 
     Parameters
@@ -97,6 +97,8 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
         lower to the same tensors and ops as at ``batch`` and ``seq``. ``source["density"]``
         records how.
     say : called with a line at each stage of the density measurement, or None.
+    started : called once the arguments, the model and its sizes are checked, before
+        the trace itself (a banner printed there never precedes a set-up error), or None.
 
     Raises
     ------
@@ -129,8 +131,11 @@ def trace(model: str | None = None, *, batch: int | None = None, seq: int | None
             workload = models.build(model, batch=batch, seq=seq)
         else:
             workload = models.from_hf_config(hf_config, batch=batch, seq=seq)
-        if density:   # before the trace: the real step holds at least the model's fp32 weights
+        if density:   # before the trace: sizes the workload cannot take, and the model's fp32 weights
+            _check_density_sizes(model, workload, density_batch, density_seq, density_threads)
             _check_density_weights(workload, label)
+        if started is not None:
+            started()
         cap = capture(workload, dtype=dtype, optimizer=optimizer, gpu_kernels=gpu_kernels,
                       amp=amp)
         tensors, ops = lower(cap, hw, dtype, optimizer, runtime=runtime)
@@ -176,20 +181,9 @@ def _measure_density(model, hf_config, batch, seq, workload, cap, tensors, ops, 
 
     from tracer import density, models
 
-    for value, key in ((density_batch, "density-batch"), (density_seq, "density-seq"), (threads, "density-threads")):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise InputError("<argument>", key, f"must be a whole number >= 1, got {value!r}")
     density.check_seed(seed)
+    _check_density_sizes(model, workload, density_batch, density_seq, threads)
     full_b, full_s = workload.batch, workload.seq
-    if density_batch is not None and density_batch > full_b:
-        raise InputError("<argument>", "density-batch",
-                         f"{density_batch} is more than the traced batch ({full_b}): give at most {full_b}")
-    if density_seq is not None and full_s is None:
-        raise InputError("<argument>", "density-seq",
-                         f"{model} is traced without a seq: give --seq too, or no --density-seq")
-    if density_seq is not None and density_seq > full_s:
-        raise InputError("<argument>", "density-seq",
-                         f"{density_seq} is more than the traced seq ({full_s}): give at most {full_s}")
     kind = "causal-lm" if hf_config is not None else getattr(models.REGISTRY.get(model), "kind", None)
     small_b, seqs = density.step_sizes(kind, full_b, full_s, density_batch, density_seq)
 
@@ -249,6 +243,25 @@ def _measure_density(model, hf_config, batch, seq, workload, cap, tensors, ops, 
                                 dtype=dtype, seed=seed, threads=threads, wanted=wanted)
     tensors = [dataclasses.replace(t, density=densities.get(t.id)) for t in tensors]
     return tensors, note
+
+
+def _check_density_sizes(model, workload, density_batch, density_seq, threads=None) -> None:
+    """InputError for a ``density_batch`` or ``density_seq`` the traced workload cannot
+    take (more than its batch or seq, or a seq it has none of), or a count below 1:
+    known once the workload is built, so checked before the trace."""
+    for value, key in ((density_batch, "density-batch"), (density_seq, "density-seq"), (threads, "density-threads")):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InputError("<argument>", key, f"must be a whole number >= 1, got {value!r}")
+    full_b, full_s = workload.batch, workload.seq
+    if density_batch is not None and full_b is not None and density_batch > full_b:
+        raise InputError("<argument>", "density-batch",
+                         f"{density_batch} is more than the traced batch ({full_b}): give at most {full_b}")
+    if density_seq is not None and full_s is None:
+        raise InputError("<argument>", "density-seq",
+                         f"{model} is traced without a seq: give --seq too, or no --density-seq")
+    if density_seq is not None and density_seq > full_s:
+        raise InputError("<argument>", "density-seq",
+                         f"{density_seq} is more than the traced seq ({full_s}): give at most {full_s}")
 
 
 def _check_density_weights(workload, label) -> None:
