@@ -29,6 +29,8 @@ TARGET_WALL_S = 3.0            # the host backend's auto time scale aims at this
 REGION_CAP_BYTES = 64 * 2**20  # ... and its auto size scale keeps the GPU region under this
 CHECK_RATE = 0.5e9             # bytes/s of the checks' budget per unit of time scale (see auto_scales)
 MAX_WALL_S = 3600.0            # a --time-scale that stretches the iteration past an hour is refused
+MIN_WALL_S = 0.01              # ... and one that squeezes it under 10 ms (threads cannot keep such times)
+LONG_WALL_S = 60.0             # a replay longer than this says how long before it starts
 
 
 def auto_scales(backend: str, hardware: Hardware, budget: int, base_us: float,
@@ -63,12 +65,17 @@ def _round(x: float) -> float:
 
 def replay(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None = None,
            backend: str = "host", time_scale: float | None = None, size_scale: float | None = None,
-           timeout_s: float | None = None, tmpdir: str | None = None) -> dict:
+           timeout_s: float | None = None, tmpdir: str | None = None, say=None) -> dict:
     """Replay ``plan`` on ``backend`` and return the report (see docs/executor.md).
 
     InputError for bad input (a plan for another profile, unknown ids, a budget above
-    the GPU's memory, scales that are not positive, no CUDA for ``cuda``). A plan that
-    fails at replay is a report with ``ok`` False and ``failure`` saying where.
+    the GPU's memory, scales that are not positive, no CUDA for ``cuda``), and before
+    any work for scales that cannot give a meaningful replay: a ``time_scale`` that
+    stretches the iteration past an hour or squeezes it under 10 ms, a ``size_scale``
+    whose buffers this process cannot hold (estimated from the profile and plan,
+    naming the limit that is short). A replay expected to last more than a minute says
+    so through ``say`` (a callable taking a line) before it starts. A plan that fails at
+    replay is a report with ``ok`` False and ``failure`` saying where.
     """
     if backend not in BACKENDS:
         raise InputError("<argument>", "--backend", f"must be one of {', '.join(BACKENDS)}, not {backend!r}")
@@ -98,13 +105,14 @@ def replay(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int |
         raise InputError(plan.origin, "variants" if plan.variants else "actions",
                          f"the executor does not replay {what} yet: `swapplan simulate` scores this plan")
     budget = resolve_budget(budget_bytes, plan, hardware)
+    if size_scale is not None:   # before the simulation: buffers this process cannot hold
+        check_replay_memory(profile, plan, budget, size_scale)
     predicted = simulate(profile, plan, hardware, budget)
     base_us = predicted.iteration_us if predicted.ok else profile.ideal_us
+    given = time_scale is not None
     time_scale, size_scale = auto_scales(backend, hardware, budget, base_us, time_scale, size_scale)
-    if base_us * 1e-6 * time_scale > MAX_WALL_S:
-        raise InputError("<argument>", "--time-scale", f"{time_scale:g} stretches the {base_us:g} us iteration to "
-                         f"{base_us * 1e-6 * time_scale:.3g} s of real time, more than a replay may take "
-                         f"({MAX_WALL_S:g} s): give a smaller --time-scale (auto aims at {TARGET_WALL_S:g} s)")
+    check_replay_memory(profile, plan, budget, size_scale)
+    check_duration(base_us, time_scale, given, say)
     runtime = lower(profile, plan, hardware)
     largest = max((t.bytes for t in profile.tensors), default=0)
     patterns = Patterns(align(math.ceil(largest * size_scale)) // 8 + 1)
@@ -134,6 +142,57 @@ def replay(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int |
     finally:
         engine.close()
     return _report(profile, plan, hardware, backend, budget, time_scale, size_scale, scheduler, predicted, failure)
+
+
+def check_duration(base_us: float, time_scale: float, given: bool = True, say=None) -> None:
+    """InputError when ``time_scale`` stretches the ``base_us`` iteration past
+    MAX_WALL_S of real time, or (a scale given, not auto) squeezes it under MIN_WALL_S,
+    where the backend's threads cannot keep the times and the errors it reports mean
+    nothing; a line to ``say`` when it lasts more than LONG_WALL_S."""
+    wall = base_us * 1e-6 * time_scale
+    if wall > MAX_WALL_S:
+        raise InputError("<argument>", "--time-scale", f"{time_scale:g} stretches the {base_us:g} us iteration to "
+                         f"{wall:.3g} s of real time, more than a replay may take "
+                         f"({MAX_WALL_S:g} s): give a smaller --time-scale (auto aims at {TARGET_WALL_S:g} s)")
+    if given and wall < MIN_WALL_S and base_us > 0:
+        least = MIN_WALL_S / (base_us * 1e-6)
+        raise InputError("<argument>", "--time-scale", f"{time_scale:g} squeezes the {base_us:g} us iteration into "
+                         f"{wall:.3g} s of real time, less than the {MIN_WALL_S * 1e3:g} ms a replay can time: give "
+                         f"at least {_round_up(least):g} (auto aims at {TARGET_WALL_S:g} s)")
+    if wall > LONG_WALL_S and say is not None:
+        say(f"this replay takes about {_duration(wall)} of real time (--time-scale {time_scale:g} x the "
+            f"{base_us * 1e-6:.3g} s iteration); Ctrl-C stops it, a smaller --time-scale shortens it")
+
+
+def check_replay_memory(profile: Profile, plan: Plan, budget: int, size_scale: float) -> None:
+    """InputError, before anything is allocated, when the replay's buffers at
+    ``size_scale`` are more than this process may hold (simulator.host_memory): the
+    emulated GPU region (the budget, or the placement's arena, scaled), the pattern of
+    the largest tensor and a host copy of every tensor the plan puts on the host."""
+    from simulator.host_memory import check_memory
+    arena = plan.placement.arena_bytes if plan.placement is not None else budget
+    largest = max((t.bytes for t in profile.tensors), default=0)
+    on_host = {a.tensor for a in plan.actions if a.kind == "offload"} | set(plan.initial)
+    host = sum(scaled_bytes(profile.tensor_by_id[tid].bytes, size_scale) for tid in on_host
+               if tid in profile.tensor_by_id)
+    need = align(math.ceil(arena * size_scale)) + align(math.ceil(largest * size_scale)) + host
+    check_memory(need, f"the replay at --size-scale {size_scale:g} (a GPU region of {arena * size_scale:.4g} bytes, "
+                       "host copies and patterns)", "<argument>", "--size-scale",
+                 "give a smaller --size-scale (auto keeps the region under 64 MiB)")
+
+
+def _round_up(x: float) -> float:
+    """``x`` rounded up to three significant digits."""
+    digits = 2 - math.floor(math.log10(x))
+    return math.ceil(x * 10**digits) / 10**digits
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def refuse_uvm(plan: Plan) -> None:
