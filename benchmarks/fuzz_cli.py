@@ -7,8 +7,8 @@ Each case is a real ``swapplan`` process in a fresh folder, under a time limit a
 memory limit. A case fails when the process exits with anything but 0, 1 or 2 (3 is an
 internal error), prints a traceback without ``--debug`` (or a MemoryError), prints more
 than one error line (or one over 400 characters), runs past the time limit (a hang) or
-the memory limit (a blow-up), or changes anything in its folder but the outputs it was
-asked to write. Failures are copied to ``--keep`` (default ``fuzz-failures/``) with the
+the memory limit (a blow-up), changes anything in its folder but the outputs it was
+asked to write, or loses a result row another run wrote. Failures are copied to ``--keep`` (default ``fuzz-failures/``) with the
 command, to reproduce.
 
 The cases, in order:
@@ -22,6 +22,9 @@ The cases, in order:
   and CPU-op plans, and hardware files with bad ``uvm``, ``codecs`` and ``cpu`` sections;
   with ``--slow`` (implied by ``--full``) also cases that trace or train for real
   (``trace --density``, ``trace --hf-config``, ``train``: torch, some seconds each);
+- shared output folders (issue 49): ``compare`` runs into one ``--out`` folder after
+  another and at the same time, each judged as above, and the folder's
+  ``results.json`` must hold every row of every run;
 - random mutations, for ``--seconds`` or ``--cases``: of a small valid profile, hardware
   file and plan (values swapped for extreme numbers, long or odd strings, wrong types;
   keys dropped; files swapped for FIFOs, links, folders and devices), of the command
@@ -165,14 +168,20 @@ class Case:
     ``outputs``: names the command may create or change (a name ending in ``/``: a
     folder and everything in it). ``prelude``: Python run before the command (e.g.
     :data:`NO_TORCH`). ``quick``: part of the ``--quick`` selection. ``slow``: runs
-    torch for real (only with ``--slow``)."""
+    torch for real (only with ``--slow``). ``setup``: commands run first, one after the
+    other (each must exit 0), whose files are part of the folder the case starts from;
+    ``also``: commands run at the same time as ``args`` in the same folder, each judged
+    as it is; ``rows``: (a results.json, the rows it must hold at the end): nothing
+    lost."""
 
     def __init__(self, name: str, args: list[str], files: dict | None = None, outputs: tuple = (),
                  special: dict | None = None, env: dict | None = None, prelude: str = "",
-                 quick: bool = False, slow: bool = False):
+                 quick: bool = False, slow: bool = False, setup: tuple = (), also: tuple = (),
+                 rows: tuple[str, int] | None = None):
         self.name, self.args, self.files = name, args, files or {}
         self.outputs, self.special, self.env = set(outputs), special or {}, env or {}
         self.prelude, self.quick, self.slow = prelude, quick, slow
+        self.setup, self.also, self.rows = list(setup), list(also), rows
 
     def build(self, folder: Path) -> None:
         for name, content in self.files.items():
@@ -195,7 +204,10 @@ class Case:
                 os.symlink(kind[5:], path)
 
     def command(self) -> str:
-        line = "swapplan " + " ".join(a[:60] for a in self.args)
+        lines = [" ".join(a[:60] for a in args) for args in (*self.setup, self.args, *self.also)]
+        line = "swapplan " + (" ; swapplan ".join(lines[:len(self.setup) + 1]) if self.setup else lines[0])
+        if self.also:
+            line = " & ".join([line, *("swapplan " + other for other in lines[len(self.setup) + 1:])])
         return f"({self.prelude.strip()}) {line}" if self.prelude else line
 
 
@@ -223,35 +235,65 @@ def run_case(case: Case, timeout: float, memory: int) -> str | None:
     with tempfile.TemporaryDirectory(prefix="swapplan-fuzz-") as tmp:
         folder = Path(tmp)
         case.build(folder)
-        before = _snapshot(folder)
         env = dict(os.environ, PYTHONPATH=str(ROOT), **case.env)
-        start = time.monotonic()
-        try:
-            done = subprocess.run([sys.executable, "-c", f"{case.prelude}import cli; cli.main()", *case.args],
-                                  cwd=folder, capture_output=True, timeout=timeout, env=env,
-                                  stdin=subprocess.DEVNULL, preexec_fn=_limit_memory(memory))
-        except subprocess.TimeoutExpired:
-            return f"hang: still running after {timeout:.0f} s"
-        seconds = time.monotonic() - start
-        err = done.stderr.decode("utf-8", "replace")
+
+        def start(args):
+            return subprocess.Popen([sys.executable, "-c", f"{case.prelude}import cli; cli.main()", *args],
+                                    cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                    stdin=subprocess.DEVNULL, preexec_fn=_limit_memory(memory))
+
+        for args in case.setup:
+            done = subprocess.run([sys.executable, "-c", "import cli; cli.main()", *args], cwd=folder, env=env,
+                                  capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            if done.returncode != 0:
+                return f"setup {' '.join(args)[:80]} exit {done.returncode}: {done.stderr.decode()[-200:]}"
+        before = _snapshot(folder)
+        started = time.monotonic()
+        processes = [(args, start(args)) for args in (case.args, *case.also)]
         problems = []
-        if done.returncode not in (0, 1, 2):
-            problems.append(f"exit {done.returncode}")
-        debug = "--debug" in case.args  # the traceback is asked for; the last line is the error
-        if ("Traceback" in err and not debug) or "MemoryError" in err:
-            problems.append("traceback or MemoryError")
-        errors = [line for line in err.splitlines() if not line.startswith(("note: ", "tracing ", "  "))]
-        errors = errors[-1:] if debug else errors
-        if done.returncode == 2 and (len(errors) != 1 or len(errors[0]) > 400):
-            problems.append(f"{len(errors)} error lines, longest {max(map(len, errors), default=0)} characters")
+        for args, process in processes:
+            try:
+                _, err = process.communicate(timeout=max(1.0, timeout - (time.monotonic() - started)))
+            except subprocess.TimeoutExpired:
+                for _, other in processes:
+                    other.kill()
+                    other.communicate()
+                return f"hang: still running after {timeout:.0f} s"
+            problems += _judge(process.returncode, err.decode("utf-8", "replace"), "--debug" in args)
+        seconds = time.monotonic() - started
         after = _snapshot(folder)
         changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
         changed = {k for k in changed if not _allowed(k, case.outputs)}
         if changed:
             problems.append(f"touched {sorted(changed)[:5]}")
+        if case.rows is not None:
+            problems += _rows_kept(folder / case.rows[0], case.rows[1])
         if problems:
-            return "; ".join(problems) + f" ({seconds:.1f} s): {err.strip()[-300:]}"
+            return "; ".join(problems) + f" ({seconds:.1f} s)"
     return None
+
+
+def _judge(code: int, err: str, debug: bool) -> list[str]:
+    """What is wrong with one process's exit status and stderr (run_case's rules)."""
+    problems = []
+    if code not in (0, 1, 2):
+        problems.append(f"exit {code}")
+    if ("Traceback" in err and not debug) or "MemoryError" in err:
+        problems.append("traceback or MemoryError")
+    errors = [line for line in err.splitlines() if not line.startswith(("note: ", "tracing ", "  "))]
+    errors = errors[-1:] if debug else errors   # the traceback is asked for; the last line is the error
+    if code == 2 and (len(errors) != 1 or len(errors[0]) > 400):
+        problems.append(f"{len(errors)} error lines, longest {max(map(len, errors), default=0)} characters")
+    return [f"{problem}: {err.strip()[-300:]}" for problem in problems]
+
+
+def _rows_kept(path: Path, want: int) -> list[str]:
+    """A problem when ``path`` (a results.json) is unreadable or holds other than ``want`` rows."""
+    try:
+        rows = json.loads(path.read_text())["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [f"{path.name} unreadable: {exc}"]
+    return [] if len(rows) == want else [f"{path.parent.name}/{path.name} holds {len(rows)} rows, not {want}: lost"]
 
 
 # ----------------------------------------------------------------------------- the fixed cases
@@ -394,7 +436,8 @@ def command_cases() -> list[Case]:
         cases.append(Case(f"validate {plan} plan", ["validate", profile, f"{plan}.json"], files))
         cases.append(Case(f"place {plan} plan", ["place", profile, f"{plan}.json", "-o", "out.json"], files,
                           outputs=("out.json",), quick=plan == "cpu"))
-        cases.append(Case(f"replay {plan} plan", ["replay", profile, f"{plan}.json", "--time-scale", "0.2"], files,
+        # --time-scale 20: m.json's 1 ms iteration in some 20 ms of real time (under 10 ms is refused)
+        cases.append(Case(f"replay {plan} plan", ["replay", profile, f"{plan}.json", "--time-scale", "20"], files,
                           quick=plan == "uvm"))
     cases.append(Case("place -o over its plan", ["place", "m.json", "lms.json", "-o", "lms.json"], feats,
                       outputs=("lms.json",), quick=True))
@@ -434,7 +477,28 @@ def command_cases() -> list[Case]:
                                                "--out", "m.json"], feats, outputs=("m.json",)))
     cases.append(Case("compare unknown planner", ["compare", "m.json", "--planners", "nope", "--out", "cmp"],
                       feats, outputs=("cmp/",)))
+    cases += shared_folder_cases(feats)
     return cases
+
+
+def shared_folder_cases(feats: dict) -> list[Case]:
+    """Issue 49: runs into one ``compare --out`` folder keep every row, in sequence and at
+    the same time; a set-up error under a file is one line."""
+    def compare(planners: str, budgets: str = "90%,70%") -> list[str]:
+        return ["compare", "m.json", "--planners", planners, "--budgets", budgets, "--jobs", "1", "--out", "cmp"]
+
+    return [
+        Case("compare into a shared folder", compare("uvm"), feats, outputs=("cmp/",), setup=[compare("lms")],
+             rows=("cmp/results.json", 4), quick=True),
+        Case("compare into a shared folder, other budgets", compare("lms", "50%"), feats, outputs=("cmp/",),
+             setup=[compare("lms")], rows=("cmp/results.json", 3)),
+        Case("compares at the same time", compare("lms"), feats, outputs=("cmp/",), also=[compare("uvm")],
+             rows=("cmp/results.json", 4), quick=True),
+        Case("three compares at the same time", compare("lms"), feats, outputs=("cmp/",),
+             also=[compare("uvm"), compare("lms,uvm", "50%")], rows=("cmp/results.json", 6)),
+        Case("compare --out under a file", ["compare", "m.json", "--planners", "lms", "--budgets", "90%", "--out",
+                                            "m.json/x"], feats, quick=True),
+    ]
 
 
 def _first_op(feats: dict) -> str:
@@ -569,7 +633,7 @@ def random_case(rng: random.Random, k: int, slow: bool = False) -> Case:
         if command == "place":
             return Case(f"random {k} {what} {plan} place", args + ["-o", "out.json"], files, outputs=("out.json",))
         if command == "replay":
-            args += ["--time-scale", "0.2"]
+            args += ["--time-scale", "20"]
     elif what == "feature-hardware":
         files.update(feature_files())
         section = rng.choice(sorted(SECTION_PLAN))
