@@ -197,10 +197,14 @@ _plan_budget = click.option("--budget", default=None,
 @_plan_budget
 @click.option("--timeline", "timeline_out", default=None, help="Write a Chrome trace (Perfetto) JSON here.")
 @click.option("--plot", "plot_out", default=None, help="Write a PNG of GPU memory over time here.")
-@click.option("--allocator", type=click.Choice(["first-fit", "best-fit"]), default=None,
-              help="Model an online allocator's address ranges over an arena of the budget (R51: sizes rounded "
-                   "to 512 B, free neighbours merged) and report arena_bytes and fragmentation [default: count "
-                   "bytes; a plan with a placement always follows it].")
+@click.option("--allocator", type=click.Choice(["first-fit", "best-fit", "caching", "caching-expandable"]),
+              default=None,
+              help="Model an allocator: first-fit or best-fit, an online allocator's address ranges over an arena "
+                   "of the budget (R51: sizes rounded to 512 B, free neighbours merged), reporting arena_bytes "
+                   "and fragmentation; caching, PyTorch's CUDA caching allocator (R55: 512 B rounding, small and "
+                   "large pools, 2 and 20 MiB segments, no merging across segments), with expandable_segments "
+                   "for caching-expandable, holding what it reserves to the budget and reporting reserved_bytes "
+                   "beside the live peak [default: count bytes; a plan with a placement always follows it].")
 @click.option("--json", "as_json", is_flag=True, help="Print the Result as JSON.")
 def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, allocator, as_json) -> None:
     """Simulate one iteration of PLAN (no PLAN: no swapping) and report time and memory.

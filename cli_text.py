@@ -60,7 +60,9 @@ def print_result(profile_name: str, hardware_name: str, result, bound: dict | No
         click.echo(f"  {result.rule}: {named_reason(result.reason, profile)}" if result.reason
                    else f"  {result.rule} at op {result.op}")
         if result.valid:
-            click.echo(f"  stopped at {format_us(result.iteration_us)}; peak {format_bytes(result.peak_bytes)}")
+            click.echo(f"  stopped at {format_us(result.iteration_us)}; peak {format_bytes(result.peak_bytes)}"
+                       + (f" live, {format_bytes(result.reserved_bytes)} reserved" if result.reserved_bytes is not None
+                          else ""))
         return
     click.echo(f"  iteration  {format_us(result.iteration_us)}  (ideal {format_us(result.ideal_us)}, "
                f"overhead {result.overhead * 100:.2f}%)")
@@ -77,6 +79,9 @@ def print_result(profile_name: str, hardware_name: str, result, bound: dict | No
                    f"{format_us(result.stall_fault_us)}), {result.evictions} blocks evicted "
                    f"({format_bytes(result.writeback_bytes)} written back)")
     click.echo(f"  peak       {format_bytes(result.peak_bytes)} at {format_us(result.peak_at_us)}")
+    if result.reserved_bytes is not None:
+        click.echo(f"  reserved   {format_bytes(result.reserved_bytes)} (the caching allocator's peak, R55: "
+                   f"{format_bytes(result.reserved_bytes - result.peak_bytes)} above the live peak)")
     if result.arena_bytes is not None:
         click.echo(f"  arena      {format_bytes(result.arena_bytes)} (fragmentation {result.fragmentation:.3f}: "
                    "arena extent over peak live bytes)")

@@ -17,14 +17,22 @@ from .compile.compiled import compile_machine, compile_profile
 from .compile.lower import compile_program
 from .compile.program import PlanInvalid
 from .compile.splits import check_splits, split_profile
+from .errors import InputError
 from .fast import explicit as fastpath, uvm as fastuvm
 from .hardware import Hardware, check_uvm_scale
 from .plan import Plan, check_plan
 from .profile import Profile
 from .result import Result, Score
+from .run.arena import ALLOCATORS
+from .run.caching import CACHING_ALLOCATORS
 from .run.engine import check_budget, invalid_result, resolve_budget
 from .run.iteration import run_program
 from .units import MAX_COUNT
+
+# every allocator model a plan without a placement may run against: online first and best
+# fit over an arena (R51), and PyTorch's caching allocator, plain or with expandable
+# segments (R55)
+ALLOCATOR_NAMES = ALLOCATORS + CACHING_ALLOCATORS
 
 
 def simulate(profile: Profile, plan: Plan, hardware: Hardware, budget_bytes: int | None = None,
@@ -62,12 +70,18 @@ class Simulator:
         invalid plan's reason, and runs a plan whose times would overflow 64 bits); a
         UVM plan runs in C too (simulator/fast/uvm.py) where its C run applies.
         ``allocator`` (``first-fit`` or ``best-fit``, R51) models an online allocator's
-        address ranges for a plan without a placement (on the reference).
+        address ranges for a plan without a placement (on the reference); ``caching`` or
+        ``caching-expandable`` (R55) models PyTorch's CUDA caching allocator: the budget
+        then holds what it reserves, reported in ``result.reserved_bytes`` beside the live
+        ``peak_bytes``. A plan with a placement, or in managed memory, runs as it would
+        without one (the CLI refuses the pair). An unknown name is an InputError.
 
         Raises InputError for structural problems (unknown ids, a plan for another
         profile, an SSD action on a machine without one) and a budget above the GPU's
         memory. A plan that breaks a rule is a Result with ``valid`` False.
         """
+        if allocator is not None and allocator not in ALLOCATOR_NAMES:
+            raise InputError("<argument>", "allocator", f"{allocator!r} is not one of {', '.join(ALLOCATOR_NAMES)}")
         if plan.splits:
             sim, inner = self.split(plan)
             return self.as_whole(sim.simulate(inner, budget_bytes, record, reference, allocator))

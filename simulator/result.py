@@ -59,6 +59,7 @@ class Result:
     peak_at_us: float = 0.0
     arena_bytes: int | None = None                    # R50, R51: the arena a runtime needs (None: bytes counted)
     fragmentation: float | None = None                # R51: arena extent / peak live bytes
+    reserved_bytes: int | None = None                 # R55: peak bytes the caching allocator reserved (None: not modelled)
     bytes_h2d: int = 0
     bytes_d2h: int = 0
     bytes_ssd_read: int = 0

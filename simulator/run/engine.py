@@ -32,6 +32,7 @@ from ..plan import Plan
 from ..result import Result, Span
 from ..units import ps_to_us
 from .arena import ArenaMemory
+from .caching import CACHING_ALLOCATORS, CACHING_EXPANDABLE, CachingMemory
 from .resources import Memory, Tiers
 from .state import Blocked, RunState, _Infeasible
 
@@ -79,7 +80,10 @@ class _Run(RunState):
         super().__init__(compiled, program, machine, record, names)
         nbytes = compiled.tensor_bytes if not program.buffer_bytes else {**compiled.tensor_bytes,
                                                                           **program.buffer_bytes}
-        if program.placement is not None or allocator is not None:   # R50, R51: address ranges
+        if allocator in CACHING_ALLOCATORS and program.placement is None:   # R55: PyTorch's caching allocator
+            keys = program.keys if program.keys is not None else allocation_keys(program, compiled)
+            self.memory = CachingMemory(budget, nbytes, keys, expandable=allocator == CACHING_EXPANDABLE)
+        elif program.placement is not None or allocator is not None:   # R50, R51: address ranges
             keys = program.keys if program.keys is not None else allocation_keys(program, compiled)
             if program.placement is not None:
                 allocator, arena_bytes = None, program.placement.arena_bytes
@@ -384,9 +388,10 @@ class _Run(RunState):
         seq, k, memory = self.seq, self.head, self.memory
         free = memory.budget - memory.used
         arena = getattr(memory, "blocked", None)
+        asks_again = arena is not None or isinstance(memory, CachingMemory)   # R50, R51, R55: say which allocation
         if k < len(seq) and self.data_ready_at is not None:   # the item itself waits for memory
             recomputed = seq.recomputed[k]
-            if arena is not None:
+            if asks_again:
                 memory.fits_item(k, seq.alloc_bytes[k])     # which of its allocations waits, and for whom
                 arena = memory.blocked
             return Blocked("R10", "op" if recomputed is None else "recompute", k, recomputed,
@@ -398,7 +403,7 @@ class _Run(RunState):
             if (transfer.kind == "prefetch" and (transfer.source < 0 or self.ended[transfer.source])
                     and transfer.tensor not in memory.resident):   # it waits for room, nothing else
                 size = memory.nbytes[transfer.buffer or transfer.tensor]
-                if arena is not None:
+                if asks_again:
                     memory.fits_prefetch([j], size)
                 return Blocked("R10", "prefetch", item, transfer.tensor, size, free, memory.largest(),
                                arena=getattr(memory, "blocked", None))
@@ -418,6 +423,8 @@ class _Run(RunState):
             result.arena_bytes = self.memory.arena_bytes
             extent = self.memory.ranges.extent
             result.fragmentation = extent / self.memory.peak if self.memory.peak else 1.0
+        if isinstance(self.memory, CachingMemory):    # R55
+            result.reserved_bytes = self.memory.reserved_peak
         result.host_peak_bytes = self.tiers.peak["host"]
         result.ssd_peak_bytes = self.tiers.peak["ssd"]
         if self.record:

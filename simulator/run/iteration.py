@@ -17,7 +17,7 @@ def run_program(compiled: CompiledProfile, program: Program, machine: Machine, b
     """Run a compiled program in simulated time and report the Result (valid plans only:
     validity was decided by the compile). ``names``: (op id, kernel, phase) per profile
     op, for the timeline when ``record``; ``allocator``: an online allocator model for a
-    plan without a placement (R51)."""
+    plan without a placement (R51), or PyTorch's caching allocator (R55)."""
     if program.uvm:
         return _run_uvm(compiled, program, machine, budget, record, names)
     return _Run(compiled, program, machine, budget, record, names, allocator).run()

@@ -13,6 +13,7 @@ from ..compile.compiled import LINKS, STREAMS, CompiledProfile, Machine
 from ..compile.program import Program, Transfer
 from ..result import Result, Span, Timeline
 from ..units import ps_to_us
+from .caching import describe_short
 from .resources import Links, Stream
 
 
@@ -59,7 +60,10 @@ def describe(blocked: Blocked, op: str | None) -> tuple[str | None, str, dict]:
     extra = {}
     if blocked.arena is not None:        # R50, R51
         extra = dict(blocked.arena)
-        if "held_by" in extra:
+        if "reserved_bytes" in extra:      # R55: the caching allocator
+            extra["fragmented"] = blocked.needed <= blocked.free
+            reason += describe_short(extra, extra["fragmented"])
+        elif "held_by" in extra:
             start, end = extra["range"]
             reason += f"; allocation {extra['allocation']!r} at [{start}, {end}) is held by {extra['held_by']!r}"
         elif blocked.needed <= blocked.free:
