@@ -8,8 +8,8 @@ memory limit. A case fails when the process exits with anything but 0, 1 or 2 (3
 internal error), prints a traceback without ``--debug`` (or a MemoryError), prints more
 than one error line (or one over 400 characters), runs past the time limit (a hang) or
 the memory limit (a blow-up), changes anything in its folder but the outputs it was
-asked to write, or loses a result row another run wrote. Failures are copied to ``--keep`` (default ``fuzz-failures/``) with the
-command, to reproduce.
+asked to write, or loses a result row another run wrote. Failures are copied to
+``--keep`` (default ``fuzz-failures/``) with the command, to reproduce.
 
 The cases, in order:
 
