@@ -15,12 +15,12 @@ import click
 
 from simulator import catalog
 from simulator.errors import InputError, SwapplanError
-from simulator.files import check_output_folder, check_outputs
+from simulator.files import check_outputs
 from simulator.hardware import load_hardware, load_presets
 from simulator.plan import load_plan
 from simulator.units import format_bytes, format_us
 
-from cli_errors import OneLineErrors, one_line as _one_line
+from cli_errors import TRACE_EXTRA as _TRACE_EXTRA, OneLineErrors, need_torch as _need_torch, one_line as _one_line
 from cli_text import (print_comparison, print_hardware, print_planners, print_profiles, print_replay, print_result,
                       print_train, table)
 
@@ -321,7 +321,7 @@ def replay_cmd(profile, plan, backend, hardware_name, budget, time_scale, size_s
     hardware = _hardware(hardware_name, loaded_plan, loaded)
     budget_bytes = parse_budget(budget, loaded.peak_bytes) if budget is not None else None
     report = replay(loaded, loaded_plan, hardware, budget_bytes, backend=backend, time_scale=time_scale,
-                    size_scale=size_scale)
+                    size_scale=size_scale, say=_note)
     if as_json:
         _echo_json(report)
     else:
@@ -427,13 +427,14 @@ def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name
         from tracer.torch_trace import trace
     except ModuleNotFoundError as exc:   # torch found but broken: a part of it is missing
         raise InputError("", "", f"trace {_TRACE_EXTRA} ({exc.name} cannot be imported)") from None
-    click.echo(f"tracing {what}{' and measuring densities' if density else ''} ...", err=True)
     try:
         profile = trace(model, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer, hardware=hardware_name,
                         name=name, gpu_kernels=not cpu_kernels, amp=amp, hf_config=hf_config, runtime=runtime,
                         density=density, density_batch=density_batch, density_seq=density_seq,
                         density_seed=density_seed, density_threads=density_threads,
-                        say=lambda line: click.echo(f"  {line}", err=True))
+                        say=lambda line: click.echo(f"  {line}", err=True),
+                        started=lambda: click.echo(f"tracing {what}{' and measuring densities' if density else ''}"
+                                                   " ...", err=True))
     except ModuleNotFoundError as exc:  # transformers, for the Hugging Face models
         if (exc.name or "").split(".")[0] not in ("torch", "transformers"):
             raise
@@ -473,27 +474,6 @@ def _density_outputs(profile, densities_given, density_out) -> None:
         write_density_file(profile, density_out)
         click.echo(f"wrote {density_out}: densities of "
                    f"{sum(t.density is not None for t in profile.tensors)} tensors")
-
-
-_TRACE_EXTRA = ("needs the 'trace' extra (torch, transformers): pip install 'swapplan[trace]' "
-                "(from a checkout: pip install -e '.[trace]')")
-
-
-def _need_torch(command: str | None = None) -> None:
-    """InputError (exit 2), one line ``<command> needs the 'trace' extra ...``, when torch
-    is missing (or its import is blocked); ``command`` defaults to the one running."""
-    import importlib.util
-
-    if command is None:
-        ctx = click.get_current_context(silent=True)
-        command = ctx.info_name if ctx is not None and ctx.info_name else "swapplan"
-
-    try:
-        found = importlib.util.find_spec("torch") is not None
-    except (ImportError, ValueError):  # ValueError: blocked (sys.modules["torch"] is None)
-        found = False
-    if not found:
-        raise InputError("", "", f"{command} {_TRACE_EXTRA}")
 
 
 # ----------------------------------------------------------------------------- train
@@ -736,8 +716,9 @@ def plan_cmd(profile, planner_name, budget, hardware_name, params, seed, time_li
               help="Run the cells on this Dask scheduler (tcp://host:port; needs the dask extra).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for planners that use randomness.")
 @click.option("--out", default="swapplan-compare", show_default=True,
-              help="Output folder: results.csv, results.json, plans/, charts, report.html. Rerunning with "
-                   "the same folder skips the cells already done.")
+              help="Output folder: results.csv, results.json, plans/, charts, report.html. Rows are merged "
+                   "with those already there by cell (other planners, budgets and profiles are kept; runs at "
+                   "the same time merge too) and rerunning skips the cells already done.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON (and no progress).")
 def compare_cmd(profiles, planner_list, budgets, hardware_names, time_limit, jobs, dask_address, seed, out,
                 as_json) -> None:
@@ -748,38 +729,41 @@ def compare_cmd(profiles, planner_list, budgets, hardware_names, time_limit, job
     failed with an error, 2 bad input, 130 interrupted (what finished is written).
     """
     from compare.progress import ProgressLine
-    from compare.report import write_report
-    from compare.sweep import expand_cells, run_sweep
+    from compare.sweep import compare_folder, compare_writes, expand_cells, run_sweep, write_folder_report
     from planner.core.registry import get_planner, select_planners
 
     names = select_planners(planner_list)
     budget_list = [b.strip() for b in budgets.split(",") if b.strip()]
     if not names or not budget_list:
         raise InputError("<argument>", "--planners" if not names else "--budgets", "is empty")
-    check_output_folder(out, "--out", _compare_writes, subfolders=("plans",),
-                        inputs=[("profile", _profile_input(p)) for p in profiles]
-                        + [("hardware file", h) for h in hardware_names])
+    folder = compare_folder(out)
+    folder.check(inputs=[("profile", _profile_input(p)) for p in profiles]
+                 + [("hardware file", h) for h in hardware_names], writes=compare_writes)
     folded: list[str] = []
     cells = expand_cells(profiles, hardware_names or (None,), names, budget_list, seed, time_limit, folded)
-    for line in folded:
-        _note(line)
     workers = jobs or min(os.cpu_count() or 1, len(cells))
-    if not as_json:
-        searching = [name for name in names if get_planner(name).searches]
-        click.echo(f"compare: {len(cells)} cells ({len(names)} planners x {len(cells) // max(1, len(names))} "
-                   f"profile, machine and budget cells) on {workers} process{'es' if workers > 1 else ''}"
-                   + (f"; {', '.join(searching)} search up to {time_limit or 60:g} s a cell" if searching else ""),
-                   err=True)
-    progress = None if as_json else ProgressLine()
-    outcome = run_sweep(cells, out, jobs=workers, dask_address=dask_address,
-                        progress=progress)
-    page = write_report(outcome.rows, Path(out)) if outcome.rows else None
+
+    def started() -> None:   # set-up succeeded: the notes and the banner, then the progress
+        for line in folded:
+            _note(line)
+        if not as_json:
+            searching = [name for name in names if get_planner(name).searches]
+            click.echo(f"compare: {len(cells)} cells ({len(names)} planners x {len(cells) // max(1, len(names))} "
+                       f"profile, machine and budget cells) on {workers} process{'es' if workers > 1 else ''}"
+                       + (f"; {', '.join(searching)} search up to {time_limit or 60:g} s a cell" if searching
+                          else ""), err=True)
+
+    outcome = run_sweep(cells, folder, jobs=workers, dask_address=dask_address,
+                        progress=None if as_json else ProgressLine(), started=started)
+    page = write_folder_report(folder)
     if as_json:
         _echo_json(outcome.rows)
     else:
         print_comparison(outcome.rows)
+        others = len(outcome.folder_rows) - len(outcome.rows)
         click.echo(f"{outcome.ran} cells run, {outcome.resumed} already done; rows in "
-                   f"{os.path.join(out, 'results.csv')}" + (f", report in {page}" if page else ""))
+                   f"{os.path.join(out, 'results.csv')}" + (f" (with {others} of other runs)" if others > 0 else "")
+                   + (f", report in {page}" if page else ""))
     for row in outcome.failed:
         _note(f"{row['profile']} {row['hardware']} {row['planner']} {row['budget']}: {row['error']}")
     if outcome.interrupted:
@@ -788,15 +772,6 @@ def compare_cmd(profiles, planner_list, budgets, hardware_names, time_limit, job
         raise click.exceptions.Exit(130)
     if outcome.failed:
         raise click.exceptions.Exit(1)
-
-
-def _compare_writes(relative: Path) -> bool:
-    """Whether compare --out writes the file at this path inside its folder: results.csv,
-    results.json, report.html, the charts (*.png) and plans/*."""
-    parts = relative.parts
-    if len(parts) == 1:
-        return parts[0] in ("results.csv", "results.json", "report.html") or parts[0].lower().endswith(".png")
-    return len(parts) >= 2 and parts[0] == "plans"
 
 
 @app.command("place")
@@ -860,8 +835,10 @@ def place_cmd(profile, plan, method, hardware_name, budget, output, as_json) -> 
 @click.option("--from", "source", required=True, metavar="FILE.csv",
               help="Measured alternatives: a CSV with a header op,name,time_us,workspace_bytes, one variant "
                    "per row.")
+@click.option("--replace", "replace_existing", is_flag=True,
+              help="Replace a variant an op has already under the same name [default: an error].")
 @click.option("-o", "--output", required=True, help="Profile file to write.")
-def variants_cmd(profile, source, output) -> None:
+def variants_cmd(profile, source, replace_existing, output) -> None:
     """Merge measured op variants (R52: other algorithms for the same op, e.g. each cuDNN
     convolution algorithm timed on the target GPU) into PROFILE; plans may then choose
     them (``variants``). See docs/tracing.md."""
@@ -870,10 +847,13 @@ def variants_cmd(profile, source, output) -> None:
 
     _outputs({"-o": output}, [("profile", _profile_input(profile)), ("--from CSV", source)])
     loaded = catalog.open_profile(profile)
-    merged = merge_variants(loaded, read_variants(source), source)
+    rows = read_variants(source)
+    merged = merge_variants(loaded, rows, source, replace_existing)
     save_profile(merged, output)
     count = sum(len(op.variants) for op in merged.ops) - sum(len(op.variants) for op in loaded.ops)
-    click.echo(f"wrote {output}: {count} variants on {sum(1 for op in merged.ops if op.variants)} ops")
+    replaced = len(rows) - count
+    click.echo(f"wrote {output}: {count} variants added" + (f", {replaced} replaced" if replaced else "")
+               + f"; {sum(1 for op in merged.ops if op.variants)} ops have variants")
 
 
 @app.command("planners")
@@ -919,6 +899,11 @@ def profiles_cmd(as_json: bool) -> None:
         _echo_json(rows)
         return
     print_profiles(rows)
+
+
+from cli_fit import fit_cmd  # noqa: E402  (a command of its own module; it imports nothing of cli)
+
+app.add_command(fit_cmd)
 
 
 def main(argv: list[str] | None = None) -> None:
