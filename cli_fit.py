@@ -38,6 +38,9 @@ from simulator.units import format_bytes, format_us
               help="The GPU memory plans may use (22GiB) [default: the GPU's memory less --reserve].")
 @click.option("--reserve", default=None, metavar="SIZE",
               help="What the CUDA context and libraries hold, off the GPU's memory [default 1GiB; docs/fit.md].")
+@click.option("--allocator", type=click.Choice(["caching", "caching-expandable"]), default=None,
+              help="Hold what PyTorch's caching allocator reserves to the memory, not just live bytes (R55; "
+                   "caching-expandable: with expandable_segments) [default: live bytes, as simulate counts them].")
 @click.option("--planners", "planner_list", default="quick", show_default=True,
               help="Planners and families, as for compare (quick: one or two of each family; all; swap, "
                    "recompute, swap+recompute, ...); each family's largest size is found separately.")
@@ -54,7 +57,7 @@ from simulator.units import format_bytes, format_us
                    "the same folder reads what it has and runs only the rest.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (progress still on stderr).")
 def fit_cmd(model, hf_config, axis, batch, seq, step, max_size, dtype, amp, optimizer, cpu_kernels, hardware_name,
-            memory, reserve, planner_list, global_batch, time_limit, jobs, dask_address, seed, out, as_json):
+            memory, reserve, allocator, planner_list, global_batch, time_limit, jobs, dask_address, seed, out, as_json):
     """The largest batch (or context) MODEL trains with within the GPU's memory, per family
     of planners (baseline, swap, recompute, swap + recompute, ...), by which planner, and
     its simulated step time and throughput; the size with the best throughput; and what
@@ -70,9 +73,9 @@ def fit_cmd(model, hf_config, axis, batch, seq, step, max_size, dtype, amp, opti
     from fit.api import axis_bounds, families_of, fit, fit_memory, make_spec
     from fit.report import write_report
     from fit.run import FitRequest
+    from fit.store import fit_folder, fit_writes
     from planner.core.registry import select_planners
     from simulator.errors import InputError
-    from simulator.files import check_output_folder
     from simulator.hardware import load_hardware
 
     need_torch("fit")
@@ -95,15 +98,19 @@ def fit_cmd(model, hf_config, axis, batch, seq, step, max_size, dtype, amp, opti
         raise InputError("<argument>", "--planners", "is empty")
     memory_bytes = fit_memory(hardware, memory, reserve)
     first, last = axis_bounds(spec, batch if axis == "batch" else seq, max_size)
-    check_output_folder(out, "--out", _fit_writes, subfolders=("plans", "traces"),
-                        inputs=[("hardware file", hardware_name), ("--hf-config file", hf_config)])
-    request = FitRequest(spec, memory_bytes, families, seed, time_limit, first, last, global_batch)
+    fit_folder(out).check(inputs=[("hardware file", hardware_name), ("--hf-config file", hf_config)],
+                          writes=fit_writes)
+    request = FitRequest(spec, memory_bytes, families, seed, time_limit, first, last, global_batch, allocator)
     workers = jobs or os.cpu_count() or 1
-    click.echo(f"fit: {spec.label} on {hardware.name} within {format_bytes(memory_bytes)}, {axis} axis, "
+    held = "reserved by PyTorch's caching allocator" if allocator else "live"
+    click.echo(f"fit: {spec.label} on {hardware.name} within {format_bytes(memory_bytes)} {held}, {axis} axis, "
                f"{len(families)} famil{'ies' if len(families) > 1 else 'y'} ({', '.join(families)}) on "
                f"{workers} process{'es' if workers > 1 else ''}", err=True)
     summary, state = fit(request, out, workers, dask_address, say=lambda line: click.echo(line, err=True))
-    page = write_report(summary, Path(out)) if not state.interrupted else None
+    page = None
+    if not state.interrupted:
+        with fit_folder(out).locked():
+            page = write_report(summary, Path(out))
     if as_json:
         click.echo(json.dumps(summary, indent=2, allow_nan=False))
     else:
@@ -114,14 +121,6 @@ def fit_cmd(model, hf_config, axis, batch, seq, step, max_size, dtype, amp, opti
         click.echo(f"interrupted: finished probes are in {os.path.join(out, 'results.json')}; run the same "
                    "command again to resume", err=True)
         raise click.exceptions.Exit(130)
-
-
-def _fit_writes(relative: Path) -> bool:
-    """Whether fit --out writes the file at this path inside its folder."""
-    parts = relative.parts
-    if len(parts) == 1:
-        return parts[0] in ("results.json", "report.html") or parts[0].lower().endswith(".png")
-    return len(parts) >= 2 and parts[0] in ("plans", "traces")
 
 
 def print_fit(summary: dict) -> None:
@@ -142,7 +141,8 @@ def print_fit(summary: dict) -> None:
           right={1, 3, 4, 5})
     for row in summary["families"]:
         if row["wall_text"]:
-            click.echo(f"  {row['family']}: at {row['next_size']}: {row['wall_text']}")
+            where = f"at {row['next_size']}: " if row["next_size"] is not None else ""
+            click.echo(f"  {row['family']}: {where}{row['wall_text']}")
     way = (summary.get("global_batch") or {}).get("fastest")
     if way:
         click.echo(f"global batch {summary['global_batch']['samples']}: {way['micro_batch']} x "

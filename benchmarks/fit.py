@@ -50,7 +50,7 @@ def main() -> None:
             seconds, _ = run(args)
             again.append(seconds)
             traces = len(list(Path(folder, "traces").glob("*.json.gz")))
-            probes = len(json.loads(Path(folder, "results.json").read_text())["probes"])
+            probes = len(json.loads(Path(folder, "results.json").read_text())["rows"])
     print(f"fit {options.model} on {options.hardware}, --planners {options.planners}, --jobs {options.jobs}")
     print(f"  fresh run   median {statistics.median(fresh):7.1f} s  (runs: {', '.join(f'{s:.1f}' for s in fresh)})")
     print(f"  from cache  median {statistics.median(again):7.1f} s  (runs: {', '.join(f'{s:.1f}' for s in again)})")

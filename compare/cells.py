@@ -121,7 +121,8 @@ def cell_profile(spec: str, sha256: str):
 
 
 @lru_cache(maxsize=8)
-def _hardware(spec: str):
+def cell_hardware(spec: str):
+    """A cell's hardware, read once per process."""
     from simulator.hardware import load_hardware
     return load_hardware(spec)
 
@@ -167,7 +168,7 @@ def plan_cell(cell: Cell):
     started = time.perf_counter()
     try:
         with _deadline(hard_limit_s(cell.time_limit)) as armed:
-            profile, hardware = cell_profile(cell.profile, cell.profile_sha256), _hardware(cell.hardware)
+            profile, hardware = cell_profile(cell.profile, cell.profile_sha256), cell_hardware(cell.hardware)
             row["ideal_us"] = profile.ideal_us
             options = RunOptions(seed=cell.seed, time_limit=cell.time_limit)
             planned = make_plan(profile, hardware, cell.budget_bytes, cell.planner, dict(cell.params),

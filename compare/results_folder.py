@@ -111,19 +111,28 @@ class ResultsFolder:
         """Write a file inside the folder (``plans/x.json``) atomically."""
         write_atomic(self.path / relative, data)
 
-    def save(self, rows: Iterable[dict]) -> list[dict]:
+    def save(self, rows: Iterable[dict], header: dict | None = None) -> list[dict]:
         """Merge ``rows`` (this run's, in its order) into the folder's and write both
         files; returns the merged rows. A row replaces the row of its key; a new key goes
         where this run's order puts it among the rows it already has there (so that one
         run writes its rows in its own order whatever order they finished in), else at
-        the end."""
+        the end. ``header``: top-level fields of ``results.json`` beside the rows (fit's
+        summary), replacing those there; None keeps the file's."""
         rows = list(rows)
         with self.locked():
             merged = merge_rows(self._read(), rows)
             if self.prepare is not None:
                 self.prepare(merged)
-            self._write(merged)
+            self._write(merged, self._header() if header is None else header)
             return merged
+
+    def _header(self) -> dict:
+        """The top-level fields of ``results.json`` besides kind, columns and rows."""
+        try:
+            data = json.loads((self.path / RESULTS_JSON).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return {k: v for k, v in data.items() if k not in ("kind", "columns", "rows")} if isinstance(data, dict) else {}
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -209,8 +218,8 @@ class ResultsFolder:
                                                 f"choose another {self.option}")
         return rows
 
-    def _write(self, rows: list[dict]) -> None:
-        document = {"columns": self.columns, "rows": rows}
+    def _write(self, rows: list[dict], header: dict | None = None) -> None:
+        document = {**(header or {}), "columns": self.columns, "rows": rows}
         if self.kind is not None:
             document = {"kind": self.kind, **document}
         write_atomic(self.path / RESULTS_JSON, (json.dumps(document, indent=1, allow_nan=False) + "\n").encode())

@@ -8,6 +8,7 @@ import math
 from simulator.errors import InputError
 
 from .run import FitRequest, FitState, run_fit
+from .store import fit_folder
 from .summary import accumulation, family_row, unit_of
 from .traces import AXES, TraceSpec
 
@@ -99,7 +100,7 @@ def summarize(request: FitRequest, state: FitState, hardware_name: str) -> dict:
                "unit": unit_of(spec), "memory_bytes": request.memory_bytes,
                "fixed": {"seq": spec.seq} if spec.axis == "batch" else {"batch": spec.batch},
                "dtype": spec.dtype, "amp": spec.amp, "optimizer": spec.optimizer, "seed": request.seed,
-               "time_limit": request.time_limit, "families": families}
+               "time_limit": request.time_limit, "allocator": request.allocator or "bytes", "families": families}
     if request.global_batch is not None:
         ways = [accumulation(family, planners, request.global_batch, spec, state.searches[family].largest,
                              state.rows, state.traces) for family, planners in request.families.items()]
@@ -116,6 +117,5 @@ def fit(request: FitRequest, out: str, jobs: int = 1, dask_address: str | None =
 
     state = run_fit(request, out, jobs, dask_address, say)
     summary = summarize(request, state, load_hardware(request.spec.hardware).name)
-    from .store import FitStore
-    FitStore(out).write(summary)
+    fit_folder(out).save([], header=summary)
     return summary, state

@@ -34,13 +34,14 @@ class Probe:
     memory_bytes: int
     seed: int = 0
     time_limit: float | None = None
+    allocator: str | None = None     # R55: "caching" or "caching-expandable" holds reserved bytes to the memory
 
     @property
     def key(self) -> str:
         """Identifies a finished probe across runs: same profile content, machine, planner,
-        memory, seed and time limit."""
+        memory, seed, time limit and allocator model."""
         text = json.dumps([self.sha256, self.hardware_name, self.planner, self.memory_bytes, self.seed,
-                           self.time_limit])
+                           self.time_limit] + ([self.allocator] if self.allocator else []))
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
     @property
@@ -65,18 +66,34 @@ def run_probe(probe: Probe) -> tuple[dict, str | None]:
            "iteration_us": row["iteration_us"], "peak_bytes": row["peak_bytes"],
            "planning_seconds": row["planning_seconds"], "fallback": row["fallback"],
            "splits": None, "plan_file": None, "wall": None, "wall_op": None, "over_bytes": None,
-           "wall_text": None}
+           "wall_text": None, "reserved_bytes": None}
+    result = planned.result if planned is not None else None
     if planned is not None:
         out["splits"] = planned.plan.planner.notes.get("splits") if planned.plan.planner.notes else None
+    if row["status"] == OK and probe.allocator:    # R55: what the caching allocator reserves must fit too
+        result = _reserved(probe, planned.plan)
+        out["reserved_bytes"] = result.reserved_bytes
+        if not result.ok:
+            row = dict(row, status=INFEASIBLE if result.valid else INVALID, error=result.reason)
+            out.update(status=row["status"], fits=False, iteration_us=None)
     if row["status"] == OK:
         out["plan_file"] = probe.plan_file
         return out, plan_json(planned.plan)
-    out.update(wall_of(row, planned, detail, probe))
+    out.update(wall_of(row, result, detail, probe))
     return out, None
 
 
-def wall_of(row: dict, planned, detail: dict, probe: Probe) -> dict:
-    """``wall``, ``wall_op``, ``over_bytes`` and ``wall_text`` of a probe that does not fit."""
+def _reserved(probe: Probe, plan):
+    """The plan simulated with the probe's allocator model (R55) within the memory."""
+    from compare.cells import cell_hardware
+    from simulator.api import simulate
+    return simulate(planned_profile(probe), plan, cell_hardware(probe.hardware), probe.memory_bytes,
+                    allocator=probe.allocator)
+
+
+def wall_of(row: dict, result, detail: dict, probe: Probe) -> dict:
+    """``wall``, ``wall_op``, ``over_bytes`` and ``wall_text`` of a probe that does not fit
+    (``result``: its simulated Result, None when there is no plan)."""
     status = row["status"]
     memory = probe.memory_bytes
     if status == BELOW_FLOOR:
@@ -87,14 +104,13 @@ def wall_of(row: dict, planned, detail: dict, probe: Probe) -> dict:
         return {"wall": "op-alone", "wall_op": op, "over_bytes": over, "wall_text": text}
     if status == TIMEOUT:
         return {"wall": "time-limit", "wall_text": row["error"]}
-    if status == INFEASIBLE and planned is not None:
-        result = planned.result
+    if status == INFEASIBLE and result is not None:
         blocked = result.blocked or {}
         tier = blocked.get("tier")
         if tier is not None:
             return {"wall": f"{'ssd' if 'ssd' in tier else 'host'}-full", "wall_op": result.op,
                     "wall_text": result.reason}
-        if probe.family == "baseline":    # nothing moves: the no-swap peak is the whole story
+        if probe.family == "baseline" and not probe.allocator:   # nothing moves: the no-swap peak says it all
             profile = planned_profile(probe)
             over = profile.peak_bytes - memory
             op = profile.peak_op
@@ -102,10 +118,12 @@ def wall_of(row: dict, planned, detail: dict, probe: Probe) -> dict:
                     "wall_text": f"the no-swap peak is {profile.peak_bytes} B at op {op}, {over} B over the memory"}
         needed, free = blocked.get("needed_bytes"), blocked.get("free_bytes")
         over = None if needed is None or free is None else needed - free
+        if blocked.get("grow_bytes") is not None:     # R55: the segment it would reserve, on what is reserved
+            over = blocked["reserved_bytes"] + blocked["grow_bytes"] - memory
         return {"wall": "memory", "wall_op": result.op, "over_bytes": over, "wall_text": result.reason}
     if status == INVALID:
-        return {"wall": "invalid", "wall_op": planned.result.op if planned else None, "wall_text": row["error"]}
-    assert status == ERROR or planned is None, status
+        return {"wall": "invalid", "wall_op": result.op if result else None, "wall_text": row["error"]}
+    assert status == ERROR or result is None, status
     return {"wall": "error", "wall_text": row["error"]}
 
 

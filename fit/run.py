@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from simulator.errors import InputError
-from simulator.files import write_atomic
 
 from .probe import Probe, run_probe
 from .search import EdgeSearch, peak_next
@@ -38,6 +37,7 @@ class FitRequest:
     start: int = 1
     limit: int = 1 << 16
     global_batch: int | None = None
+    allocator: str | None = None      # R55: hold what the caching allocator reserves to the memory
 
 
 @dataclass
@@ -118,7 +118,8 @@ def run_fit(request: FitRequest, out: str, jobs: int = 1, dask_address: str | No
             row = state.rows.get((units, planner))
             if row is None:
                 probe = Probe(units, spec.size(units), planner, family, trace.path, trace.name, trace.sha256,
-                              spec.hardware, hardware_name, request.memory_bytes, request.seed, request.time_limit)
+                              spec.hardware, hardware_name, request.memory_bytes, request.seed, request.time_limit,
+                              request.allocator)
                 row = store.rows.get(probe.key)
                 if row is not None:
                     state.rows[(units, planner)] = row
@@ -167,10 +168,8 @@ def run_fit(request: FitRequest, out: str, jobs: int = 1, dask_address: str | No
                 note(f"traced {spec.axis} {spec.size(what)}: peak {result.peak_bytes / 2**30:.2f} GiB")
             return
         row, plan_text = future.result()
-        if plan_text is not None:
-            write_atomic(store.out / row["plan_file"], plan_text.encode())
         state.rows[(what.units, what.planner)] = row
-        store.add(row)
+        store.add(row, plan_text)
         state.ran += 1
 
     executor = _executor(jobs, dask_address)

@@ -1,60 +1,56 @@
 """fit's output folder: ``results.json`` (the families' summary and every probe's row),
-``plans/`` (the plan of every probe that fits), ``traces/`` (the trace cache) and the
-report.
+``results.csv`` (the probes), ``plans/`` (the plan of every probe that fits),
+``traces/`` (the trace cache) and the report.
 
 Probe rows are keyed by everything that decides them (``Probe.key``), so one folder can
 hold several runs (other planners, another memory) and each rerun reads what it already
-has; every write merges with the rows already in the file and replaces it atomically,
-so a run killed at any point leaves a valid file with every finished probe.
+has. The folder is a ``compare.results_folder.ResultsFolder``: every save merges with the
+rows already there under the folder's lock and replaces the files atomically, so runs at
+the same time keep each other's rows and a run killed at any point leaves valid files
+with every finished probe.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from simulator.errors import InputError
-from simulator.files import write_atomic
+from compare.results_folder import ResultsFolder
 
-RESULTS = "results.json"
+# the probe columns of results.csv (results.json keeps every field)
+PROBE_COLUMNS = ("key", "family", "planner", "size", "units", "status", "fits", "iteration_us", "peak_bytes",
+                 "reserved_bytes", "memory_bytes", "wall", "wall_op", "over_bytes", "planning_seconds", "profile",
+                 "sha256", "plan_file", "wall_text")
+SUBFOLDERS = ("plans", "traces")
+
+
+def fit_folder(out: str | os.PathLike) -> ResultsFolder:
+    """The results folder of a fit run (``check`` it before the work, ``open`` it to start)."""
+    return ResultsFolder(out, PROBE_COLUMNS, kind="fit", option="--out", subfolders=SUBFOLDERS)
+
+
+def fit_writes(relative: Path) -> bool:
+    """Whether fit writes the file at this path inside its folder, besides the results files."""
+    parts = relative.parts
+    if len(parts) == 1:
+        return parts[0] in ("report.html", "fit.png")
+    return len(parts) >= 2 and parts[0] in SUBFOLDERS
 
 
 class FitStore:
-    """The rows of every probe finished in ``out`` (``rows``: by key), and the summary."""
+    """The rows of every probe finished in ``out`` (``rows``: by key), saved as they come."""
 
     def __init__(self, out: str | os.PathLike):
-        self.out = Path(out)
-        try:
-            (self.out / "plans").mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise InputError(str(out), "--out", f"cannot create the folder: {exc.strerror}") from None
-        self.summary: dict = {}
-        self.rows: dict[str, dict] = self._read()
+        self.folder = fit_folder(out)
+        self.out = self.folder.path
+        self.rows: dict[str, dict] = self.folder.open()
 
-    def _read(self) -> dict[str, dict]:
-        path = self.out / RESULTS
-        if not path.exists():
-            return {}
-        try:
-            data = json.loads(path.read_text())
-            return {row["key"]: row for row in data["probes"]}
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InputError(str(path), "probes", f"cannot resume from it ({exc}); remove it or choose another "
-                                                  "--out") from None
-
-    def add(self, row: dict) -> None:
+    def add(self, row: dict, plan_text: str | None = None) -> None:
+        """Save one probe's row (and its plan first, so a saved row's plan is there)."""
+        if plan_text is not None:
+            self.folder.write(row["plan_file"], plan_text.encode())
         self.rows[row["key"]] = row
-        self.write()
+        self.folder.save([row])
 
-    def write(self, summary: dict | None = None) -> None:
-        """Write results.json: ``summary`` (or the last one) and every probe row, merged
-        with rows another run wrote since this one read the file."""
-        if summary is not None:
-            self.summary = summary
-        try:
-            self.rows = {**self._read(), **self.rows}
-        except InputError:
-            pass            # damaged by hand since: this run's rows replace it
-        probes = sorted(self.rows.values(), key=lambda r: (r["family"], r["planner"], r["size"], r["key"]))
-        data = {**self.summary, "probes": probes}
-        write_atomic(self.out / RESULTS, (json.dumps(data, indent=1, allow_nan=False) + "\n").encode())
+    def write(self, summary: dict) -> None:
+        """Save the summary beside the rows."""
+        self.folder.save([], header=summary)

@@ -12,7 +12,7 @@ from .traces import TraceSpec, Traced
 
 # the fields of a family's row in results.json and --json, in order
 FAMILY_FIELDS = ("family", "max", "planner", "iteration_us", "throughput", "unit", "wall", "wall_op", "wall_text",
-                 "next_size", "next_over_bytes", "peak_bytes", "plan_file", "best_size", "best_planner",
+                 "next_size", "next_over_bytes", "peak_bytes", "reserved_bytes", "plan_file", "best_size", "best_planner",
                  "best_throughput", "tried", "planners", "points")
 
 
@@ -44,6 +44,7 @@ def family_row(family: str, planners: tuple[str, ...], search: EdgeSearch, spec:
                tried=[spec.size(k) for k in tried])
     if edge is not None:
         out.update(planner=edge["planner"], iteration_us=edge["iteration_us"], peak_bytes=edge["peak_bytes"],
+                   reserved_bytes=edge.get("reserved_bytes"),
                    throughput=throughput(spec, largest, edge["iteration_us"], batch), plan_file=edge["plan_file"])
     nxt = largest + 1
     out["next_size"] = spec.size(nxt)
