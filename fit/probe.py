@@ -20,35 +20,47 @@ WALLS = ("memory", "op-alone", "host-full", "ssd-full", "time-limit", "trace", "
 
 @dataclass(frozen=True)
 class Probe:
-    """What to run: ``planner`` on the profile traced at ``units`` steps (``size`` in
-    samples or tokens), within ``memory_bytes`` of GPU memory."""
+    """What to run: ``cell`` (compare's unit of work: a planner on a profile and machine
+    within a budget, here the memory) on the profile traced at ``units`` steps (``size``
+    in samples or tokens), for ``family``; ``allocator`` (R55: ``caching`` or
+    ``caching-expandable``) holds what PyTorch's allocator reserves to the memory."""
     units: int
     size: int
-    planner: str
     family: str
-    profile: str
-    profile_name: str
-    sha256: str
-    hardware: str
-    hardware_name: str
-    memory_bytes: int
-    seed: int = 0
-    time_limit: float | None = None
-    allocator: str | None = None     # R55: "caching" or "caching-expandable" holds reserved bytes to the memory
+    cell: Cell
+    allocator: str | None = None
+
+    @classmethod
+    def make(cls, units: int, size: int, family: str, planner: str, traced, hardware: str, hardware_name: str,
+             memory_bytes: int, seed: int = 0, time_limit: float | None = None, allocator: str | None = None):
+        """The probe of ``planner`` on ``traced`` (a ``traces.Traced``); the baseline runs no
+        op in chunks (R54 is a technique)."""
+        cell = Cell(traced.path, traced.name, traced.sha256, hardware, hardware_name, planner, f"{memory_bytes}B",
+                    memory_bytes, False, seed, time_limit, split_ops=family != "baseline")
+        return cls(units, size, family, cell, allocator)
+
+    @property
+    def planner(self) -> str:
+        return self.cell.planner
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.cell.budget_bytes
 
     @property
     def key(self) -> str:
         """Identifies a finished probe across runs: same profile content, machine, planner,
         memory, seed, time limit and allocator model."""
-        text = json.dumps([self.sha256, self.hardware_name, self.planner, self.memory_bytes, self.seed,
-                           self.time_limit] + ([self.allocator] if self.allocator else []))
+        cell = self.cell
+        text = json.dumps([cell.profile_sha256, cell.hardware_name, cell.planner, cell.budget_bytes, cell.seed,
+                           cell.time_limit] + ([self.allocator] if self.allocator else []))
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
     @property
     def plan_file(self) -> str:
         """The plan's file under the output folder."""
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in f"{self.profile_name}__{self.planner}")
-        return f"plans/{safe}.json"
+        name = f"{self.cell.profile_name}__{self.cell.planner}"
+        return "plans/" + "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in name) + ".json"
 
 
 def run_probe(probe: Probe) -> tuple[dict, str | None]:
@@ -56,12 +68,9 @@ def run_probe(probe: Probe) -> tuple[dict, str | None]:
     (None when there is no plan that runs). Never raises for a planner's failure."""
     from simulator.plan import plan_json
 
-    cell = Cell(probe.profile, probe.profile_name, probe.sha256, probe.hardware, probe.hardware_name,
-                probe.planner, f"{probe.memory_bytes}B", probe.memory_bytes, False, probe.seed, probe.time_limit,
-                split_ops=probe.family != "baseline")
-    row, planned, detail = plan_cell(cell)
+    row, planned, detail = plan_cell(probe.cell)
     out = {"key": probe.key, "units": probe.units, "size": probe.size, "planner": probe.planner,
-           "family": probe.family, "profile": probe.profile_name, "sha256": probe.sha256,
+           "family": probe.family, "profile": probe.cell.profile_name, "sha256": probe.cell.profile_sha256,
            "memory_bytes": probe.memory_bytes, "status": row["status"], "fits": row["status"] == OK,
            "iteration_us": row["iteration_us"], "peak_bytes": row["peak_bytes"],
            "planning_seconds": row["planning_seconds"], "fallback": row["fallback"],
@@ -87,7 +96,7 @@ def _reserved(probe: Probe, plan):
     """The plan simulated with the probe's allocator model (R55) within the memory."""
     from compare.cells import cell_hardware
     from simulator.api import simulate
-    return simulate(planned_profile(probe), plan, cell_hardware(probe.hardware), probe.memory_bytes,
+    return simulate(planned_profile(probe), plan, cell_hardware(probe.cell.hardware), probe.memory_bytes,
                     allocator=probe.allocator)
 
 
@@ -130,4 +139,4 @@ def wall_of(row: dict, result, detail: dict, probe: Probe) -> dict:
 def planned_profile(probe: Probe):
     """The probe's profile (as its cell loaded it: read once per worker)."""
     from compare.cells import cell_profile
-    return cell_profile(probe.profile, probe.sha256)
+    return cell_profile(probe.cell.profile, probe.cell.profile_sha256)

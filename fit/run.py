@@ -117,9 +117,8 @@ def run_fit(request: FitRequest, out: str, jobs: int = 1, dask_address: str | No
         for planner in request.families[family]:
             row = state.rows.get((units, planner))
             if row is None:
-                probe = Probe(units, spec.size(units), planner, family, trace.path, trace.name, trace.sha256,
-                              spec.hardware, hardware_name, request.memory_bytes, request.seed, request.time_limit,
-                              request.allocator)
+                probe = Probe.make(units, spec.size(units), family, planner, trace, spec.hardware, hardware_name,
+                                   request.memory_bytes, request.seed, request.time_limit, request.allocator)
                 row = store.rows.get(probe.key)
                 if row is not None:
                     state.rows[(units, planner)] = row

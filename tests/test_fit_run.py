@@ -155,6 +155,7 @@ def test_ctrl_c_keeps_finished_probes_and_a_rerun_resumes(tmp_path):
 
 def test_a_probe_held_to_what_the_caching_allocator_reserves(fitted):
     from fit.probe import Probe, run_probe
+    from fit.traces import Traced
 
     out, summary, _ = fitted
     edge = next(r for r in json.loads((out / "results.json").read_text())["rows"]
@@ -163,8 +164,9 @@ def test_a_probe_held_to_what_the_caching_allocator_reserves(fitted):
     for candidate in (out / "traces").glob("*.meta.json"):
         if json.loads(candidate.read_text())["sha256"] == edge["sha256"]:
             path = candidate.with_name(candidate.name.replace(".meta.json", ".json.gz"))
-    probe = Probe(1, edge["size"], "chen", "recompute", str(path), edge["profile"], edge["sha256"],
-                  "a100-40gb-pcie4", "a100-40gb-pcie4", MEMORY, allocator="caching")
+    traced = Traced(1, str(path), edge["sha256"], edge["profile"])
+    probe = Probe.make(1, edge["size"], "recompute", "chen", traced, "a100-40gb-pcie4", "a100-40gb-pcie4", MEMORY,
+                       allocator="caching")
     row, plan_text = run_probe(probe)
     assert row["reserved_bytes"] is not None and row["reserved_bytes"] >= edge["peak_bytes"]
     assert row["key"] != edge["key"]           # another question, another row
