@@ -1,5 +1,5 @@
 """What the command line prints for people: tables, a simulation's result, a replay's and a
-training run's report, a comparison (cli.py parses and calls; this module only formats)."""
+training run's report, a comparison (the cli_* commands parse and call; this module only formats)."""
 from __future__ import annotations
 
 import os

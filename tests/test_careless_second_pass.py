@@ -261,7 +261,7 @@ def test_replay_cuda_without_cupy_says_so_before_any_work(monkeypatch, uvm_files
         raise AssertionError("read before the backend was checked")
 
     monkeypatch.setattr("simulator.catalog.open_profile", never)
-    monkeypatch.setattr("cli.load_plan", never)
+    monkeypatch.setattr("cli_run.load_plan", never)
     line = one_line_error(run("replay", profile_path, plan_path, "--backend", "cuda"))
     assert line.startswith("error: <argument>: --backend: the cuda backend needs CuPy")
 
@@ -270,7 +270,7 @@ def test_replay_cuda_without_a_gpu_says_so_before_any_work(monkeypatch, uvm_file
     profile_path, plan_path, *_ = uvm_files
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 0)))
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setattr("cli.load_plan", lambda *a, **k: (_ for _ in ()).throw(AssertionError("read first")))
+    monkeypatch.setattr("cli_run.load_plan", lambda *a, **k: (_ for _ in ()).throw(AssertionError("read first")))
     line = one_line_error(run("replay", profile_path, plan_path, "--backend", "cuda"))
     assert line == "error: <argument>: --backend: the cuda backend needs a CUDA GPU: none found"
     from executor.api import replay
