@@ -326,8 +326,8 @@ def test_yaml_over_its_own_limit_points_to_json(work):
 
 
 def test_counts_past_r23_are_refused_before_any_work(work, monkeypatch):
-    import simulator.profile
-    monkeypatch.setattr(simulator.profile, "MAX_COUNT", 5)
+    import simulator.profile.parse
+    monkeypatch.setattr(simulator.profile.parse, "MAX_COUNT", 5)
     result = cli(work, "validate", "p.json", code=2)
     assert "tensors: 9 entries; at most 5" in result.stderr
 
