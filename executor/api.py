@@ -11,13 +11,14 @@ import math
 from dataclasses import replace
 
 from simulator.api import simulate
-from simulator.compile.compiled import LINKS, compile_machine
-from simulator.compile.splits import split_profile
+from simulator.compile.compiled import compile_machine
 from simulator.errors import InputError
 from simulator.hardware import Hardware
+from simulator.model.budget import resolve_budget
+from simulator.model.links import LINKS
+from simulator.model.splits import split_profile
 from simulator.plan import Plan, check_plan
 from simulator.profile import Profile, profile_sha256
-from simulator.run.engine import resolve_budget
 
 from .arena import PlacedArena, align
 from .pattern import Patterns

@@ -39,8 +39,8 @@ import time
 
 import numpy as np
 
-from simulator.compile.compiled import STREAMS
 from simulator.errors import InputError
+from simulator.model.links import STREAMS
 
 from .pattern import K, Patterns, check_lower_copy
 from .scheduler import Block, CopyWork, ItemWork

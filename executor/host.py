@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from simulator.compile.compiled import STREAMS
+from simulator.model.links import STREAMS
 
 from .links import LinkBoard
 from .pattern import Patterns, check_lower_copy

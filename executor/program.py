@@ -13,12 +13,13 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 
-from simulator.compile.arena import WORKSPACE, allocation_keys
-from simulator.compile.compiled import STREAMS, compile_machine, compile_profile
+from simulator.compile.compiled import compile_machine, compile_profile
 from simulator.compile.lower import compile_program
 from simulator.compile.program import PlanInvalid
 from simulator.compile.sequence import Sequence, build_sequence
 from simulator.hardware import Hardware
+from simulator.model.allocation import WORKSPACE, allocation_keys
+from simulator.model.links import STREAMS
 from simulator.plan import Plan
 from simulator.profile import Profile
 
@@ -148,7 +149,7 @@ def lower(profile: Profile, plan: Plan, hardware: Hardware) -> RuntimePlan:
 
 
 def _allocation_keys(runtime: RuntimePlan, compiled, machine) -> None:
-    """R50's keys, as the simulator counts them (``simulator.compile.arena.allocation_keys``, on
+    """R50's keys, as the simulator counts them (``simulator.model.allocation.allocation_keys``, on
     the plan compiled without its placement): the executor runs the same compute
     sequence, so item k and a prefetch's plan action name the same allocations. A plan
     that breaks another rule has no keys (None): it is replayed to show where it fails,

@@ -57,7 +57,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from simulator.compile.compiled import LINKS, STREAMS
+from simulator.model.links import LINKS, STREAMS
 from .arena import Arena, PlacedArena, align
 from .pattern import Patterns
 from .program import Copy, Drop, RuntimePlan

@@ -16,16 +16,18 @@ from functools import partial
 from .compile.compiled import compile_machine, compile_profile
 from .compile.lower import compile_program
 from .compile.program import PlanInvalid
-from .compile.splits import check_splits, split_profile
 from .errors import InputError
 from .fast import explicit as fastpath, uvm as fastuvm
 from .hardware import Hardware, check_uvm_scale
+from .model.allocation import allocation_keys
+from .model.budget import check_budget, resolve_budget
+from .model.splits import check_splits, split_profile
 from .plan import Plan, check_plan
 from .profile import Profile
 from .result import Result, Score
 from .run.arena import ALLOCATORS
 from .run.caching import CACHING_ALLOCATORS
-from .run.engine import check_budget, invalid_result, resolve_budget
+from .run.engine import allocation_lifetimes, invalid_result
 from .run.iteration import run_program
 from .units import MAX_COUNT
 
@@ -123,6 +125,18 @@ class Simulator:
             figures["ideal_us"] = ideal
         return replace(result, **figures)
 
+    def allocation_log(self, plan: Plan, budget: int):
+        """R50: (Result, log, AllocationKeys) of an explicit-mode plan run under ``budget``
+        with every GPU allocation logged (simulator/run/engine.py ``allocation_lifetimes``)
+        and its allocation keys (simulator/model/allocation.py); None for a UVM plan (the
+        driver places blocks). Raises PlanInvalid for a plan that breaks a rule. Assumes
+        ``check_plan`` passed and the plan has no splits (``split`` it first)."""
+        program = compile_program(self.profile, self.compiled, plan, self.machine)
+        if program.uvm:
+            return None
+        result, log = allocation_lifetimes(self.compiled, program, self.machine, budget)
+        return result, log, allocation_keys(program, self.compiled)
+
     def _run(self, plan: Plan, budget: int) -> Result:
         """The Result with no timeline of a plan the explicit C path does not run: a UVM
         plan's from C where that applies, else the Python reference's."""
@@ -167,11 +181,16 @@ class Simulator:
         with _gc_paused():
             return [self._score(plan, budget_bytes) for plan in plans]
 
-    def score_packed(self, packed: tuple, budget_bytes: int, plan) -> Score:
-        """``score(plan())`` for a plan packed already (fastpath.pack_positions), with no
-        Action objects made: ``plan`` (a callable making the Plan) runs only to word an
-        error, or where C cannot score it (not built, too many actions, 64-bit overflow)."""
+    def score_positions(self, kinds: bytes, tensors: bytes, afters: bytes, befores: bytes, schedule,
+                        initial: bytes, budget_bytes: int, plan) -> Score:
+        """``score(plan())`` for a plan given in positions (simulator/fast/explicit.py
+        ``pack_positions``: action codes, tensor and op positions as int32 bytes, a schedule
+        or None), with no Action objects made: what a search that decodes straight to
+        positions (swapadvisor) scores. ``plan`` (a callable making the Plan) runs only to
+        word an error, or where C cannot score it (not built, too many actions, 64-bit
+        overflow)."""
         with _gc_paused():
+            packed = fastpath.pack_positions(self.compiled, kinds, tensors, afters, befores, schedule, initial)
             if fastpath.available() and len(packed[0]) <= MAX_COUNT:
                 budget = check_budget(budget_bytes, self.hardware)
                 check = partial(_check_made, plan, self.profile, self.machine.has_ssd)
@@ -193,6 +212,11 @@ class Simulator:
         else:
             check()
         return score_of(self._run(plan, budget), self, plan)
+
+
+def fast_available() -> bool:
+    """True when the C simulator was built (``score`` and ``score_positions`` run in C)."""
+    return fastpath.available()
 
 
 def _check_made(plan, profile: Profile, has_ssd: bool) -> None:

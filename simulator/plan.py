@@ -14,11 +14,10 @@ from pathlib import Path
 
 import jsonschema
 
-from .compile.arena import Placement
-from .compile.splits import split_profile
 from .errors import InputError
 from .fields import is_id_list
 from .files import read_document, write_atomic
+from .model.splits import split_profile
 from .profile import Profile, profile_sha256, schedule_problem
 from .units import MAX_BYTES, MAX_COUNT
 
@@ -103,6 +102,17 @@ def load(tensor: str, after: str | None) -> Action:
 
 def store(tensor: str, after: str | None) -> Action:
     return Action("store", tensor, to="ssd", after=after)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A plan's ``placement`` (R50): the arena's size and an offset per allocation key
+    (simulator/model/allocation.py names the keys and checks a placement against them)."""
+    arena_bytes: int
+    offsets: dict
+
+    def to_dict(self) -> dict:
+        return {"arena_bytes": self.arena_bytes, "offsets": dict(sorted(self.offsets.items()))}
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ from cli import app
 from planner.core.api import make_plan
 from planner.core.placement import place
 from simulator.api import Simulator
-from simulator.compile.arena import allocation_keys
 from simulator.compile.lower import compile_program
 from simulator.errors import InputError
 from simulator.hardware import MAX_UVM_BLOCKS, check_uvm_scale, hardware_from_dict, uvm_scale
+from simulator.model.allocation import allocation_keys
 from simulator.plan import Plan, plan_json
 from simulator.profile import profile_sha256, save_profile
 from tests.test_zero import CPU, amp_step, hw as cpu_machine

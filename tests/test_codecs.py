@@ -15,9 +15,9 @@ import pytest
 from planner.core.api import make_plan
 from planner.core.compression import swap_seconds
 from simulator.api import Simulator
-from simulator.compile.codecs import compressed_bytes, zvc_ratio
 from simulator.errors import InputError
 from simulator.hardware import Codec, hardware_from_dict, load_hardware
+from simulator.model.codecs import compressed_bytes, zvc_ratio
 from simulator.plan import Plan, decode, encode, load_plan, offload, plan_from_dict, plan_json, prefetch
 from simulator.profile import Profile, Tensor, profile_from_dict, profile_sha256
 from tests.conftest import profile_dict

@@ -22,10 +22,10 @@ from planner.core.api import make_plan
 from planner.core.placement import place
 from planner.core.registry import RunOptions
 from simulator.api import Simulator, simulate
-from simulator.compile.arena import Placement, allocation_keys
 from simulator.compile.lower import compile_program
 from simulator.hardware import load_hardware
-from simulator.plan import Plan, drop, offload, prefetch, recompute
+from simulator.model.allocation import allocation_keys
+from simulator.plan import Placement, Plan, drop, offload, prefetch, recompute
 from simulator.profile import profile_sha256
 from tests.conftest import make_profile
 from tracer.synthetic import synthesize

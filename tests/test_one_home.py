@@ -11,9 +11,10 @@ from planner.core.registry import RunOptions
 from planner.search.ilp.intervals import link_shares
 from planner.swap.g10 import LinkTime, move_speeds
 from simulator.api import Simulator
-from simulator.compile.compiled import compile_profile, link_speed, transfer_links
+from simulator.compile.compiled import compile_profile
 from simulator.compile.lower import compile_program
 from simulator.errors import InputError
+from simulator.model.links import link_speed, transfer_links
 from simulator.plan import Plan
 from simulator.run import engine, state, uvm
 from simulator.units import planning_budget

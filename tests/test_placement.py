@@ -15,8 +15,7 @@ import pytest
 
 from planner.core.placement import lowest_offset, place, place_blocks
 from simulator.api import Simulator
-from simulator.compile.arena import Placement
-from simulator.plan import Plan, offload, prefetch
+from simulator.plan import Placement, Plan, offload, prefetch
 from simulator.profile import profile_sha256
 from simulator.run.arena import Ranges
 from tests.conftest import make_profile

@@ -17,9 +17,9 @@ import pytest
 from planner.core.api import make_plan
 from planner.core.splitting import choose_splits
 from simulator.api import Simulator, check_static
-from simulator.compile.splits import sliced_tensors, split_profile
 from simulator.errors import InputError
 from simulator.hardware import hardware_from_dict
+from simulator.model.splits import sliced_tensors, split_profile
 from simulator.plan import Plan, load_plan, offload, plan_json, prefetch
 from simulator.profile import profile_from_dict
 from tests.conftest import profile_dict

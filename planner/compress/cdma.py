@@ -32,8 +32,8 @@ Departures from the paper, and why
 """
 from __future__ import annotations
 
-from simulator.compile.codecs import compressed_bytes
 from simulator.errors import InputError
+from simulator.model.codecs import compressed_bytes
 
 from ..core.api import fits, simulator_for
 from ..core.compression import compress_where, pick_codec, with_codecs

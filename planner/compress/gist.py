@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simulator.api import Simulator
-from simulator.compile.codecs import compressed_bytes
+from simulator.model.codecs import compressed_bytes
 from simulator.plan import Plan, decode, encode
 from simulator.profile import profile_sha256
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass, replace
 from simulator.api import Simulator
 from simulator.errors import InfeasibleError
 from simulator.hardware import Hardware
+from simulator.model.budget import check_budget
 from simulator.plan import Plan, PlannerInfo
 from simulator.profile import Profile
 from simulator.result import Result
-from simulator.run.engine import check_budget
 
 from .analysis import budget_floor, uvm_floor
 from .bound import Bound, bound_fields, lower_bound

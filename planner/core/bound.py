@@ -71,8 +71,8 @@ from itertools import accumulate
 
 import numpy as np
 
-from simulator.compile.compiled import link_speed, transfer_links
 from simulator.hardware import Hardware
+from simulator.model.links import link_speed, transfer_links
 from simulator.profile import Profile
 
 from .analysis import fastest_time_us, least_workspace, op_start_us, recomputable_until

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from simulator.compile.codecs import codec_problem, compressed_bytes
-from simulator.compile.compiled import link_speed
 from simulator.errors import InputError
 from simulator.hardware import Codec, Hardware
+from simulator.model.codecs import codec_problem, compressed_bytes
+from simulator.model.links import link_speed
 from simulator.plan import Action
 from simulator.profile import Profile
 

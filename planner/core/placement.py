@@ -2,9 +2,9 @@
 a runtime can lay out one arena and never ask an allocator (``swapplan place``).
 
 Lifetimes come from the simulated iteration of the plan under its budget
-(simulator/run/engine.py ``allocation_lifetimes``): each allocation holds its bytes from the
-instant it is made to the instant it is freed (to the end of the iteration for what is
-still held then: persistent tensors, which are placed first). A persistent tensor on the
+(``Simulator.allocation_log``, the engine's ``allocation_lifetimes``): each allocation
+holds its bytes from the instant it is made to the instant it is freed (to the end of the
+iteration for what is still held then: persistent tensors, which are placed first). A persistent tensor on the
 GPU at the start must end the iteration where it started (R50: the next iteration finds it
 there), so its first and last allocations are placed as one block (:func:`tied_keys`); its
 allocations in between (a weight fetched again after an eviction) may go anywhere. Blocks
@@ -28,15 +28,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from simulator.api import Simulator
-from simulator.compile.arena import Placement, allocation_keys
-from simulator.compile.lower import compile_program
-from simulator.compile.program import PlanInvalid
+from simulator.api import PlanInvalid, Simulator
 from simulator.errors import InputError
 from simulator.hardware import Hardware
-from simulator.plan import Plan, check_plan
+from simulator.plan import Placement, Plan, check_plan
 from simulator.profile import Profile
-from simulator.run.engine import allocation_lifetimes
 
 METHODS = ("smartpool", "greedy-size", "first-fit")
 
@@ -127,7 +123,7 @@ class _Placed:
 
 
 def tied_keys(keys) -> dict[str, str]:
-    """For R50's allocation keys (``simulator.compile.arena.allocation_keys``): each persistent
+    """For R50's allocation keys (``simulator.model.allocation.allocation_keys``): each persistent
     tensor on the GPU at the start, its first and last allocations, mapped to the tensor
     (the next iteration must find it where this one started it); its allocations in
     between are free to go anywhere. Tying every allocation of a persistent tensor to
@@ -156,20 +152,19 @@ def lifetimes(sim: Simulator, plan: Plan, budget_bytes: int | None):
     check_plan(bare, profile, sim.machine.has_ssd, sim.machine.cpu is not None)
     budget = sim.budget(bare, budget_bytes)
     try:
-        program = compile_program(profile, sim.compiled, bare, sim.machine)
+        logged = sim.allocation_log(bare, budget)
     except PlanInvalid as exc:
         raise InputError(plan.origin, "plan", f"the plan is invalid ({exc.rule}: {exc.reason}); only a plan that "
                                               "runs has lifetimes to place") from None
-    if program.uvm:
+    if logged is None:
         raise InputError(plan.origin, "memory", "a UVM plan has no placement: the driver places blocks (R33)")
-    result, log = allocation_lifetimes(sim.compiled, program, sim.machine, budget)
+    result, log, keys = logged
     end_of_iteration = max((entry[3] for entry in log), default=0) + 1
     blocks = []
     for key, _, size, start, end in log:
         held = end is None
         stop = end_of_iteration if held else max(end, start + 1)
         blocks.append((key, size, start, stop, held))
-    keys = allocation_keys(program, sim.compiled)
     zero = [request.key for request in keys.all() if request.size == 0]
     return result, blocks, zero, tied_keys(keys)
 

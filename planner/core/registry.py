@@ -137,7 +137,7 @@ class Draft:
     uvm_backing: str | None = None     # UVM: "ssd" backs managed memory with a file (R35)
     allow_lossy: bool = False          # the plan may use lossy codecs (R40)
     variants: dict = field(default_factory=dict)   # op id -> the variant it runs (R52)
-    placement: Any = None              # an offset per GPU allocation (R50; simulator.compile.arena.Placement)
+    placement: Any = None              # an offset per GPU allocation (R50; simulator.plan.Placement)
     status: str = "heuristic"
     gap: float | None = None      # for solvers: the optimality gap
     estimate_us: float | None = None

@@ -15,7 +15,7 @@ chunks (smaller slices move more easily: VGG-16 b1024 at 30%, capuchin 2.01x at 
 """
 from __future__ import annotations
 
-from simulator.compile.splits import chunk_ids, split_profile
+from simulator.model.splits import chunk_ids, split_profile
 from simulator.profile import Profile
 
 from .analysis import budget_floor, working_set

@@ -87,7 +87,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from simulator.compile.compiled import link_speed
+from simulator.model.links import link_speed
 from simulator.plan import Action
 
 from ..core.analysis import op_start_us, touches

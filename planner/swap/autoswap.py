@@ -87,7 +87,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.compile.compiled import link_speed
+from simulator.model.links import link_speed
 from simulator.plan import Plan, offload, prefetch
 from simulator.profile import profile_sha256
 

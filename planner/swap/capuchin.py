@@ -135,7 +135,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.compile.compiled import link_speed, transfer_links
+from simulator.model.links import link_speed, transfer_links
 from simulator.plan import Action, drop, offload, prefetch, recompute
 
 from ..core.analysis import op_start_us, touches

@@ -59,7 +59,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass, replace
 
-from simulator.compile.compiled import link_speed
+from simulator.model.links import link_speed
 from simulator.plan import Plan, offload, prefetch
 from simulator.profile import profile_sha256
 

@@ -57,7 +57,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from simulator.compile.compiled import link_speed
+from simulator.model.links import link_speed
 from simulator.plan import Plan, offload, prefetch
 
 from ..core.analysis import op_start_us, touches, working_set

@@ -34,7 +34,7 @@ How the paper's terms map onto this simulator:
 - Bandwidth is accounted as link time: kernel k offers ``time_us[k]`` on each of
   ``pcie_up``, ``pcie_down``, ``ssd_write``, ``ssd_read`` (and of the one copy engine on
   a half-duplex machine). A move runs for its lone duration (latency + bytes / the
-  slowest link's bandwidth, ``simulator.compile.compiled.link_speed``) and uses each link it
+  slowest link's bandwidth, ``simulator.model.links.link_speed``) and uses each link it
   crosses in proportion to its share of that link's bandwidth, as the simulator shares
   links (R17): an SSD move takes bytes / PCIe bandwidth of PCIe time, which leaves the
   rest of PCIe to host moves. For a host move this is "bandwidth x kernel time".
@@ -143,7 +143,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.compile.compiled import LINKS, link_speed, transfer_links
+from simulator.model.links import LINKS, link_speed, transfer_links
 from simulator.plan import drop, offload, prefetch, recompute
 
 from ..core.analysis import held_per_op, op_start_us, touches
@@ -234,7 +234,7 @@ class Reservation:
 
 class LinkTime:
     """Link time left at each kernel, per link of the simulator's route model (R17, R18:
-    ``simulator.compile.compiled.transfer_links``): ``pcie_up``, ``pcie_down``,
+    ``simulator.model.links.transfer_links``): ``pcie_up``, ``pcie_down``,
     ``ssd_write_link``, ``ssd_read_link``, and on a half-duplex machine the one copy ``engine``.
 
     A transfer runs at the rate of the slowest link it crosses and uses each link's

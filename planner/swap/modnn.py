@@ -82,7 +82,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.api import Simulator
-from simulator.compile.compiled import link_speed
+from simulator.model.links import link_speed
 from simulator.plan import Plan, offload, prefetch
 from simulator.profile import Profile, profile_sha256
 

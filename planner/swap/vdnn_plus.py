@@ -38,10 +38,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import replace
 
-from simulator.compile.arena import Placement
-from simulator.compile.compiled import link_speed
 from simulator.errors import InputError
-from simulator.plan import Plan
+from simulator.model.links import link_speed
+from simulator.plan import Placement, Plan
 from simulator.profile import profile_sha256
 
 from ..core.analysis import op_start_us

@@ -13,25 +13,10 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from ..hardware import Hardware
+from ..model.links import Route, routes as machine_routes
 from ..profile import Profile, profile_sha256, update_order_pairs
-from ..units import gbps_to_bytes_per_s, us_to_ps
+from ..units import us_to_ps
 from .sequence import Sequence, build_sequence
-
-STREAMS = ("h2d", "d2h", "ssd_read", "ssd_write")            # R1: FIFO queues
-LINKS = ("pcie_down", "pcie_up", "ssd_read_link", "ssd_write_link")  # R17: shared by bandwidth
-H2D, D2H, SSD_READ, SSD_WRITE = range(4)                      # stream numbers
-PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD_WRITE_LINK = range(4)  # link numbers
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """How one kind of transfer moves (R17, R18): the stream it queues on, the links its
-    flow crosses, the latency it waits first, and whether it needs the one copy engine
-    of a half-duplex machine."""
-    stream: int
-    links: tuple[int, ...]
-    latency_ps: int
-    uses_engine: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +58,11 @@ class UvmMachine:
 
 
 def compile_machine(hardware: Hardware) -> Machine:
-    """R17, R18: a host copy crosses its PCIe direction; an SSD copy crosses the SSD link
-    and the PCIe direction as one flow, after PCIe + SSD latency through host memory
-    (the SSD's alone for ``direct``); with half duplex, host copies and host-path SSD
-    copies need the one copy engine."""
+    """R17, R18: the machine with its links' capacities and the routes of each kind of
+    transfer (simulator/model/links.py ``routes``), packed for the C path too."""
     pcie, ssd = hardware.pcie, hardware.ssd
     half = pcie.duplex == "half"
-    capacity, routes = _routes(hardware)
+    capacity, routes = machine_routes(hardware)
     host_bytes, ssd_bytes = hardware.host.memory_bytes, ssd.capacity_bytes if ssd else 0
     uvm = hardware.uvm
     uvm_machine = UvmMachine(uvm.block_bytes, us_to_ps(uvm.fault_latency_us),
@@ -95,27 +78,6 @@ def compile_machine(hardware: Hardware) -> Machine:
                    codecs={codec.name: codec for codec in hardware.codecs})
 
 
-def _routes(hardware: Hardware) -> tuple[list[int], dict]:
-    """R17, R18: each link's capacity (bytes per second) and each kind of transfer's route."""
-    pcie, ssd = hardware.pcie, hardware.ssd
-    half = pcie.duplex == "half"
-    pcie_latency = us_to_ps(pcie.latency_us)
-    capacity = [gbps_to_bytes_per_s(pcie.h2d_gbps), gbps_to_bytes_per_s(pcie.d2h_gbps), 1, 1]
-    routes = {("prefetch", "host"): Route(H2D, (PCIE_DOWN,), pcie_latency, half),
-              ("offload", "host"): Route(D2H, (PCIE_UP,), pcie_latency, half)}
-    if ssd is not None:
-        capacity[SSD_READ_LINK] = gbps_to_bytes_per_s(ssd.read_gbps)
-        capacity[SSD_WRITE_LINK] = gbps_to_bytes_per_s(ssd.write_gbps)
-        through_host = ssd.path == "host"
-        latency = us_to_ps(ssd.latency_us) + (pcie_latency if through_host else 0)
-        routes[("prefetch", "ssd")] = Route(SSD_READ, (SSD_READ_LINK, PCIE_DOWN), latency, half and through_host)
-        routes[("offload", "ssd")] = Route(SSD_WRITE, (PCIE_UP, SSD_WRITE_LINK), latency, half and through_host)
-        ssd_latency = us_to_ps(ssd.latency_us)   # R26: between SSD and host memory, no PCIe, no copy engine
-        routes[("load", "ssd")] = Route(SSD_READ, (SSD_READ_LINK,), ssd_latency, False)
-        routes[("store", "ssd")] = Route(SSD_WRITE, (SSD_WRITE_LINK,), ssd_latency, False)
-    return capacity, routes
-
-
 def _pack_machine(half: bool, host_bytes: int, ssd_bytes: int, capacity: tuple, routes: dict) -> tuple:
     """(half duplex, host bytes, SSD bytes, link capacities, routes): each route is
     (stream, first link, second link or -1, latency ps, uses the copy engine), in the
@@ -129,24 +91,6 @@ def _pack_machine(half: bool, host_bytes: int, ssd_bytes: int, capacity: tuple, 
             links = route.links + (-1,)
             packed.append((route.stream, links[0], links[1], route.latency_ps, int(route.uses_engine)))
     return (int(half), host_bytes, ssd_bytes, capacity, tuple(packed))
-
-
-def transfer_links(hardware: Hardware, kind: str, tier: str) -> tuple[float, tuple[tuple[str, float], ...], bool]:
-    """The simulator's route of a lone offload or prefetch to or from a tier (R17, R18), in
-    planners' units: (latency in us, the links it crosses as (name in ``LINKS``, bytes per
-    us), whether it holds the one copy engine of a half-duplex machine). The one route
-    and link model that planners (g10, the ILPs, the bound) estimate with."""
-    capacity, routes = _routes(hardware)
-    route = routes[(kind, tier)]
-    return (route.latency_ps / 10**6, tuple((LINKS[link], capacity[link] / 10**6) for link in route.links),
-            route.uses_engine)
-
-
-def link_speed(hardware: Hardware, kind: str, tier: str) -> tuple[float, float]:
-    """(latency in us, bytes per us) of a lone offload or prefetch to or from a tier: the
-    uncontended figures planners estimate with (R17, R18): its slowest link's rate."""
-    latency, links, _ = transfer_links(hardware, kind, tier)
-    return latency, min(rate for _, rate in links)
 
 
 @dataclass(frozen=True, slots=True)

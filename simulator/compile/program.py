@@ -28,12 +28,13 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from ..errors import InputError
+from ..model.allocation import allocation_keys, placement_problem
+from ..model.codecs import codec_problem, codec_ps, compressed_bytes
+from ..model.links import Route
 from ..plan import Action, Plan
 from ..profile import Profile, order_violation
 from ..units import us_to_ps
-from .arena import allocation_keys, placement_problem
-from .codecs import codec_problem, codec_ps, compressed_bytes
-from .compiled import CompiledProfile, Machine, Route
+from .compiled import CompiledProfile, Machine
 from .sequence import CodecItem, Sequence, build_sequence
 
 UNBORN, GPU, LEAVING, AWAY, INCOMING, DEAD = "unborn", "gpu", "leaving", "away", "incoming", "dead"
@@ -99,7 +100,7 @@ class Program:
     backing: str = "host"                # UVM: the tier behind managed memory (R35)
     buffer_bytes: dict = None            # codecs (R41, R42): encoded GPU buffer id -> bytes
     placement: object = None             # R50: the plan's Placement, checked against ``keys``
-    keys: object = None                  # R50, R51: every GPU allocation's key (simulator/compile/arena.py)
+    keys: object = None                  # R50, R51: every GPU allocation's key (simulator/model/allocation.py)
     group_names: dict = None             # R53: a group's lead transfer -> the group id
     lossy: tuple = ()                    # tensors a lossy codec encodes (R40)
 

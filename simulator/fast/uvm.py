@@ -18,8 +18,9 @@ from __future__ import annotations
 from array import array
 from collections import Counter
 
-from ..compile.compiled import LINKS, PCIE_DOWN, PCIE_UP, CompiledProfile, Machine
+from ..compile.compiled import CompiledProfile, Machine
 from ..compile.program import Drop, Program
+from ..model.links import LINKS, PCIE_DOWN, PCIE_UP
 from ..result import Result
 from ..run.state import Blocked, describe
 from ..units import ps_to_us

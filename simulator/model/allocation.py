@@ -16,16 +16,6 @@ WORKSPACE = "<workspace>"   # the owner of the running item's workspace (one ite
 
 
 @dataclass(frozen=True)
-class Placement:
-    """A plan's ``placement`` (R50): the arena's size and an offset per allocation key."""
-    arena_bytes: int
-    offsets: dict
-
-    def to_dict(self) -> dict:
-        return {"arena_bytes": self.arena_bytes, "offsets": dict(sorted(self.offsets.items()))}
-
-
-@dataclass(frozen=True)
 class Request:
     """One allocation: the owner whose free releases it (a tensor id, an encoded buffer's
     id, or WORKSPACE), its key (R50) and its size in bytes."""
@@ -56,10 +46,12 @@ def _buffer_key(owner: str) -> str:
 
 
 def allocation_keys(program, compiled) -> AllocationKeys:
-    """R50's keys for a compiled (explicit-mode) program. A tensor's allocations are
-    counted in the order the plan makes them (its production, recomputes and decodes at
-    their items, a prefetch at the item that issues it): a tensor is re-allocated only
-    after it left the GPU, so this is the order they happen in, whatever the timing."""
+    """R50's keys for a compiled (explicit-mode) program (simulator/compile/program.py's
+    ``Program`` on its ``CompiledProfile``: read, never imported, so the floor stays below
+    the engine). A tensor's allocations are counted in the order the plan makes them (its
+    production, recomputes and decodes at their items, a prefetch at the item that issues
+    it): a tensor is re-allocated only after it left the GPU, so this is the order they
+    happen in, whatever the timing."""
     seq, nbytes = program.seq, compiled.tensor_bytes
     buffers = program.buffer_bytes or {}
     count: dict[str, int] = {}
@@ -106,10 +98,11 @@ def allocation_keys(program, compiled) -> AllocationKeys:
     return AllocationKeys(start, items, transfers)
 
 
-def placement_problem(keys: AllocationKeys, placement: Placement, persistent: frozenset) -> tuple[str, str] | None:
-    """(key, reason) when a placement does not cover the iteration (R50): a key with no
-    offset, a range past the arena, an offset for no allocation, or a persistent tensor
-    that does not end where it started (steady state, R20). None when it does."""
+def placement_problem(keys: AllocationKeys, placement, persistent: frozenset) -> tuple[str, str] | None:
+    """(key, reason) when a placement (``simulator.plan.Placement``) does not cover the
+    iteration (R50): a key with no offset, a range past the arena, an offset for no
+    allocation, or a persistent tensor that does not end where it started (steady
+    state, R20). None when it does."""
     offsets = placement.offsets
     seen: set[str] = set()
     last: dict[str, int] = {}

@@ -7,7 +7,7 @@ online allocator over an arena of the budget's size (sizes rounded up to 512 byt
 ranges merged with their free neighbours), where an allocation that finds no free range
 though enough bytes are free waits, fragmented.
 
-An allocation is named by a key (simulator/compile/arena.py's ``allocation_keys``
+An allocation is named by a key (simulator/model/allocation.py's ``allocation_keys``
 derives them from a compiled program, statically); ``ArenaMemory`` is the engine's Memory
 with ranges, ``Ranges`` the busy ranges of the arena it searches.
 """
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from ..compile.arena import WORKSPACE, AllocationKeys, Placement, Request
+from ..model.allocation import WORKSPACE, AllocationKeys, Request
+from ..plan import Placement
 from .resources import Memory
 
 ALIGN = 512                 # R51: online allocators round sizes up to this

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from ..compile.arena import WORKSPACE, AllocationKeys, Request
+from ..model.allocation import WORKSPACE, AllocationKeys, Request
 from .resources import Memory
 
 CACHING = "caching"

@@ -23,42 +23,15 @@ start, then the waiting transfers in enqueue order (R9).
 """
 from __future__ import annotations
 
-from ..compile.arena import allocation_keys
 from ..compile.compiled import CompiledProfile, Machine
 from ..compile.program import Drop, PlanInvalid, Program, Transfer
-from ..errors import InputError
-from ..hardware import Hardware
-from ..plan import Plan
+from ..model.allocation import allocation_keys
 from ..result import Result, Span
 from ..units import ps_to_us
 from .arena import ArenaMemory
 from .caching import CACHING_ALLOCATORS, CACHING_EXPANDABLE, CachingMemory
 from .resources import Memory, Tiers
 from .state import Blocked, RunState, _Infeasible
-
-
-def resolve_budget(budget_bytes: int | None, plan: Plan, hardware: Hardware) -> int:
-    """R2: an explicit budget, else the plan's, else the GPU's memory; never above the GPU's."""
-    budget = budget_bytes if budget_bytes is not None else plan.budget_bytes
-    if budget is None:
-        return hardware.gpu.memory_bytes
-    if plan.memory == "uvm" and budget >= 0:
-        return budget   # UVM mode: the budget may pass the GPU's memory (docs/simulation.md, "R2 in UVM mode")
-    return check_budget(budget, hardware)
-
-
-def check_budget(budget: int, hardware: Hardware) -> int:
-    """A budget is a byte count from 0 up to the GPU's memory (R2); InputError otherwise."""
-    if budget > hardware.gpu.memory_bytes:
-        raise InputError("<argument>", "budget",
-                         f"{budget} bytes is more than the GPU's memory ({hardware.gpu.memory_bytes} bytes "
-                         f"on {hardware.name}) (R2)")
-    if budget < 0:
-        raise InputError("<argument>", "budget", "must not be negative")
-    return budget
-
-
-# ----------------------------------------------------------------------------- the run
 
 
 def allocation_lifetimes(compiled: CompiledProfile, program: Program, machine: Machine, budget: int):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..compile.compiled import LINKS, STREAMS, CompiledProfile, Machine
+from ..compile.compiled import CompiledProfile, Machine
 from ..compile.program import Program, Transfer
+from ..model.links import LINKS, STREAMS
 from ..result import Result, Span, Timeline
 from ..units import ps_to_us
 from .caching import describe_short

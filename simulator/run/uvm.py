@@ -6,9 +6,9 @@ back-to-back iterations. The static rules are simulator/compile/uvm.py's.
 """
 from __future__ import annotations
 
-from ..compile.compiled import (D2H, H2D, PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD_WRITE, SSD_WRITE_LINK, STREAMS,
-                                CompiledProfile, Machine)
+from ..compile.compiled import CompiledProfile, Machine
 from ..compile.program import Drop, Program, Transfer
+from ..model.links import D2H, H2D, PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD_WRITE, SSD_WRITE_LINK, STREAMS
 from ..result import Result, Span
 from ..units import ps_to_us
 from .state import Blocked, RunState, _Infeasible

@@ -34,7 +34,8 @@ from functools import lru_cache
 from heapq import heappop, heappush
 from itertools import accumulate, count
 
-from ..compile.compiled import PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD_WRITE_LINK, CompiledProfile, Machine
+from ..compile.compiled import CompiledProfile, Machine
+from ..model.links import PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD_WRITE_LINK
 
 PS_PER_S = 10**12
 

@@ -35,7 +35,7 @@ from functools import cached_property
 
 import numpy as np
 
-from simulator.compile.compiled import link_speed, transfer_links
+from simulator.model.links import link_speed, transfer_links
 from simulator.profile import Profile
 
 from ...core.analysis import idle_gaps, op_start_us, touches

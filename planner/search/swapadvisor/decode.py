@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from simulator.compile.compiled import link_speed
+from simulator.model.links import link_speed
 from simulator.plan import Action, drop, offload, prefetch, recompute
 from simulator.profile import Profile
 

@@ -13,9 +13,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from simulator.api import Simulator
+from simulator.api import Simulator, fast_available
 from simulator.errors import InputError
-from simulator.fast import explicit as fastpath
 from simulator.plan import Plan
 
 from .decode import Decoded, Decoder, Problem
@@ -30,7 +29,7 @@ class Worker:
         self.decoder = Decoder(Problem(profile, hardware, budget_bytes))
         self.simulator = simulator or Simulator(profile, hardware)
         # both C paths built: decode to positions and score them with no Action objects
-        self.positions = self.decoder.fast and fastpath.available()
+        self.positions = self.decoder.fast and fast_available()
 
     def plan(self, decoded: Decoded) -> Plan:
         return Plan(profile_name=self.profile.name, profile_sha256=self.simulator.compiled.sha256,
@@ -49,10 +48,9 @@ class Worker:
         same Score: the Plan is made only if the simulator needs it)."""
         columns = self.decoder.columns(order, genes)
         schedule = None if columns.identity else np.ascontiguousarray(order, dtype=np.int32)
-        packed = fastpath.pack_positions(self.simulator.compiled, columns.kinds, columns.tensors, columns.afters,
-                                         columns.befores, schedule, columns.initial)
-        return self.simulator.score_packed(packed, self.budget,
-                                           lambda: self.plan(self.decoder.decoded(columns, order))).rank()
+        return self.simulator.score_positions(columns.kinds, columns.tensors, columns.afters, columns.befores,
+                                              schedule, columns.initial, self.budget,
+                                              lambda: self.plan(self.decoder.decoded(columns, order))).rank()
 
     def ranks(self, chunk: list) -> list[tuple]:
         return [self.rank(order, genes) for order, genes in chunk]
