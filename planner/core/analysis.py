@@ -27,18 +27,6 @@ def touches(profile: Profile, tid: str) -> list[int]:
     return sorted(found)
 
 
-def recomputable_until(profile: Profile, tid: str) -> int:
-    """The first op position p at which the tensor, idle at p, can no longer be off the
-    GPU by a recompute after p (R15: a recompute is invalid if the producer updates
-    anything in place, or if the tensor was updated in place after it was produced): its
-    producer's position if the producer updates in place (never), else its first in-place
-    update (an update at u < p has run before any recompute after p), else past the end."""
-    made_by = profile.producer[tid]
-    if profile.ops[made_by].updates:
-        return made_by
-    return min(profile.updaters[tid], default=len(profile.ops))
-
-
 def held_per_op(n: int, spans) -> np.ndarray:
     """Bytes held at each of ``n`` op positions by ``spans`` ((lo, hi, bytes): held at
     positions lo .. hi-1, hi <= n)."""

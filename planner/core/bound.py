@@ -73,9 +73,10 @@ import numpy as np
 
 from simulator.hardware import Hardware
 from simulator.model.links import link_speed, transfer_links
+from simulator.model.recompute import recomputable_until
 from simulator.profile import Profile
 
-from .analysis import fastest_time_us, least_workspace, op_start_us, recomputable_until
+from .analysis import fastest_time_us, least_workspace, op_start_us
 
 
 @dataclass(frozen=True)

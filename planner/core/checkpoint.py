@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from simulator.model.recompute import recompute_problem
 from simulator.plan import drop, recompute
 from simulator.profile import Profile
 
@@ -50,7 +51,7 @@ def droppable(profile: Profile, segment: dict[int, int]) -> dict[str, int]:
             continue      # not kept for backward: freed after its last use anyway
         if any(u in segment and segment[u] != seg for u in uses):
             continue      # read by another segment's forward: a checkpoint
-        if profile.ops[made_by].updates or profile.updaters[tensor.id]:
+        if recompute_problem(profile, tensor.id) is not None:
             continue      # R15
         found[tensor.id] = seg
     changed = True

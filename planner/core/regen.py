@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.model.recompute import recompute_problem
 from simulator.profile import Profile
 
-from .analysis import held_per_op, idle_gaps, op_start_us, recomputable_until, touches
+from .analysis import held_per_op, idle_gaps, op_start_us, touches
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,11 @@ class Regen:
 def candidates(profile: Profile, max_us_per_byte: float, min_gap: int = 2) -> list[Regen]:
     """The idle gaps (at least ``min_gap`` ops long) of non-persistent tensors that a
     recompute may replace, cheapest per byte first (then the larger, then profile order),
-    keeping those under ``max_us_per_byte``. R15: the producer updates nothing in place,
-    and the tensor is not updated in place before the gap's end. The producer's inputs
-    must be what they were when it ran (none updated in place between the producer and
-    the gap's end, weights included) and still needed at or after the gap's end (a
-    recompute that would keep a dead input alive is not offered)."""
+    keeping those under ``max_us_per_byte``. R15 (``recompute_problem``): the producer
+    updates nothing in place, and the tensor is not updated in place before the gap's
+    end. The producer's inputs must be what they were when it ran (none updated in place
+    between the producer and the gap's end, weights included) and still needed at or
+    after the gap's end (a recompute that would keep a dead input alive is not offered)."""
     found: list[Regen] = []
     producer = profile.producer
     starts = op_start_us(profile)
@@ -50,7 +51,7 @@ def candidates(profile: Profile, max_us_per_byte: float, min_gap: int = 2) -> li
         if tensor.persistent or tensor.bytes <= 0 or made_by is None:
             continue
         op = profile.ops[made_by]
-        if op.updates or not op.time_us >= 0:
+        if not op.time_us >= 0:
             continue
         ratio = op.time_us / tensor.bytes
         if ratio >= max_us_per_byte:
@@ -65,7 +66,7 @@ def candidates(profile: Profile, max_us_per_byte: float, min_gap: int = 2) -> li
 
 
 def _may_recompute(profile: Profile, tid: str, made_by: int, op, before: int, last_touch: dict[str, int]) -> bool:
-    if recomputable_until(profile, tid) < before:   # R15, as the bound has it
+    if recompute_problem(profile, tid, before) is not None:   # R15
         return False
     for source in op.inputs:
         if source not in last_touch:

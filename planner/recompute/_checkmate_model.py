@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simulator.model.recompute import recompute_problem, recompute_scratch
 from simulator.profile import Profile
 
 MS = 1e-3          # the objective in milliseconds (coefficients near 1)
@@ -89,7 +90,7 @@ def recomputable(profile: Profile, min_bytes: int = 0) -> tuple[dict[str, Item],
         made_by = profile.producer[tensor.id]
         if tensor.persistent or tensor.bytes == 0 or made_by not in is_forward:
             continue
-        if ops[made_by].updates or profile.updaters[tensor.id]:
+        if recompute_problem(profile, tensor.id) is not None:
             continue
         uses = profile.consumers[tensor.id]
         found[tensor.id] = Item(
@@ -333,8 +334,7 @@ class Formulation:
             before = int(base[first]) - op.workspace_bytes - sum(profile.tensor_by_id[x].bytes for x in op.outputs
                                                                  if x not in items)
             for i, group in enumerate(graph.nodes):
-                space = max(profile.ops[items[x].producer].workspace_bytes + profile.rerun_extra_bytes(x)
-                            for x in group)
+                space = max(recompute_scratch(profile, x) for x in group)
                 if (t, i) in redo and before + space > base[first]:   # else the op's own row is tighter
                     row(first, before + space, self._held_bytes(t, first), (t, i))
         return rows

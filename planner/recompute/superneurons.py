@@ -118,6 +118,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from simulator.api import Simulator
+from simulator.model.recompute import recompute_problem, recompute_scratch
 from simulator.plan import Action, Plan, drop, offload, prefetch, recompute
 from simulator.profile import Profile
 
@@ -210,10 +211,9 @@ def saved_for_backward(profile: Profile, layers: Layers) -> list[str]:
 
 
 def _recomputable(profile: Profile, layers: Layers, tid: str) -> bool:
-    """Made by a cheap forward op that updates nothing, and never updated in place (R15)."""
-    made_by = profile.producer[tid]
-    return layers.kind.get(made_by) == "cheap" and not profile.ops[made_by].updates \
-        and not profile.updaters[tid]
+    """Made by a cheap forward op, and R15 lets it be recomputed (``recompute_problem``:
+    its producer updates nothing, and it is never updated in place)."""
+    return layers.kind.get(profile.producer[tid]) == "cheap" and recompute_problem(profile, tid) is None
 
 
 def recompute_candidates(profile: Profile, layers: Layers) -> dict[str, int]:
@@ -411,9 +411,8 @@ def memory_estimate(profile: Profile, layers: Layers, walked: Walked, chosen: li
         for lo, hi in spans:
             estimate.add(tensors[tid].bytes, lo, hi)
     scratch: dict[int, int] = {}
-    for before, producer, tid in walked.recomputes:
-        need = profile.ops[producer].workspace_bytes + profile.rerun_extra_bytes(tid)
-        scratch[before] = max(scratch.get(before, 0), need)
+    for before, _, tid in walked.recomputes:
+        scratch[before] = max(scratch.get(before, 0), recompute_scratch(profile, tid))
     for before, need in scratch.items():
         estimate.add(max(0, need - profile.ops[before].workspace_bytes), before, before + 1)
     for tid in chosen:

@@ -136,6 +136,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.model.links import link_speed, transfer_links
+from simulator.model.recompute import recompute_problem, recompute_scratch
 from simulator.plan import Action, drop, offload, prefetch, recompute
 
 from ..core.analysis import op_start_us, touches
@@ -568,12 +569,10 @@ def _regenerable(state: _State, tid: str, c: int, chain: dict, reads: list, dept
     swapped out across c and get their prefetch's back-access moved to c) and the
     resident sources it reads (``reads``)."""
     profile = state.profile
+    if depth > _MAX_CHAIN or recompute_problem(profile, tid, c) is not None:
+        return False
     made_by = profile.producer[tid]
     op = profile.ops[made_by]
-    if op.updates or depth > _MAX_CHAIN:
-        return False
-    if any(u < c for u in profile.updaters[tid]):
-        return False
     for src in dict.fromkeys(op.inputs):
         if any(made_by < u < c for u in profile.updaters[src]):
             return False  # its value at c is not the one the producer read
@@ -623,8 +622,7 @@ def _recompute_fits(state: _State, tid: str, c: int, chain: dict, reads: list[st
     transient = sum(state.tensors[x].bytes for x in redone)
     transient += sum(state.tensors[x].bytes for x in reads
                      if not any(a <= c <= b for a, b in state.intervals[x]))
-    workspace = max(profile.ops[profile.producer[x]].workspace_bytes + profile.rerun_extra_bytes(x)
-                    for x in [tid, *redone])
+    workspace = max(recompute_scratch(profile, x) for x in [tid, *redone])
     return entering + transient + workspace <= state.budget
 
 

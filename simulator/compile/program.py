@@ -31,6 +31,7 @@ from ..errors import InputError
 from ..model.allocation import allocation_keys, placement_problem
 from ..model.codecs import codec_problem, codec_ps, compressed_bytes
 from ..model.links import Route
+from ..model.recompute import recompute_problem
 from ..plan import Action, Plan
 from ..profile import Profile, order_violation
 from ..units import us_to_ps
@@ -184,8 +185,7 @@ def check_plan_rules(profile: Profile, plan: Plan) -> None:
                                                 f"{tensors[tid].kind}")
     for action in plan.actions:
         if action.kind == "recompute" and tensors[action.tensor].persistent:
-            raise PlanInvalid("R15", action.before, action.tensor,
-                              f"recompute of persistent tensor {action.tensor!r} ({tensors[action.tensor].kind})")
+            raise PlanInvalid("R15", action.before, action.tensor, recompute_problem(profile, action.tensor))
 
 
 def compile_explicit(profile: Profile, compiled: CompiledProfile, plan: Plan, machine: Machine) -> Program:
@@ -600,25 +600,25 @@ class _Compiler:
         raise self.invalid("R13", k, tid, f"{name} {verb} {tid!r}, which is not resident ({_state_words(st)})")
 
     def check_recompute(self, k: int, tid: str, op) -> None:
+        """R24, R15: a recompute of ``tid`` at item k runs on the GPU, of a tensor off the GPU
+        that R15 lets be recomputed (``recompute_problem``, with the walk's updates)."""
         st = self.state[tid]
         group = self.seq.group[k]
         if op.id in self.plan.cpu_ops or group in self.plan.cpu_ops:
             where = f"its producer {op.id!r}" if op.id in self.plan.cpu_ops else f"op {group!r}"
             raise self.invalid("R24", k, tid, f"recompute of {tid!r}: {where} runs on the CPU; recomputes run "
                                               "on the GPU, before GPU ops")
+        updated_by = [self.seq.group[u] for u in self.updated_at.get(tid, ())]   # the walk's updates in place
+        problem = recompute_problem(self.profile, tid, updates=updated_by)
         if self.tensors[tid].persistent:
-            raise self.invalid("R15", k, tid, f"recompute of persistent tensor {tid!r}")
+            raise self.invalid("R15", k, tid, problem)
         if st in (GPU, INCOMING):
             raise self.invalid("R15", k, tid, f"recompute of {tid!r} before {group!r}: it is "
                                               f"{'resident' if st == GPU else 'incoming'}")
         if st in (UNBORN, DEAD, ENCODED):
             raise self.invalid("R15", k, tid, f"recompute of {tid!r} before {group!r}: it is {_state_words(st)}")
-        if op.updates:
-            raise self.invalid("R15", k, tid, f"recompute of {tid!r}: its producer {op.id!r} updates "
-                                              f"{op.updates[0]!r} in place")
-        if self.updated_at.get(tid):
-            raise self.invalid("R15", k, tid, f"recompute of {tid!r}: it was updated in place after it was "
-                                              f"produced (by op {self.seq.group[self.updated_at[tid][0]]!r})")
+        if problem is not None:   # its producer updates in place, or it was updated since it was made
+            raise self.invalid("R15", k, tid, problem)
         self.close_window(tid)
         self.state[tid] = GPU
 

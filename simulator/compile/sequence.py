@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..model.recompute import recompute_scratch
 from ..profile import Profile
 
 
@@ -84,7 +85,7 @@ def build_sequence(profile: Profile, op_ps, order: list[str], recomputes: dict[s
             producer = profile.producer[tid]
             op = profile.ops[producer]
             seq.recompute_items.setdefault(tid, []).append(len(seq.op_index))
-            scratch = workspace.get(producer, op.workspace_bytes) + profile.rerun_extra_bytes(tid)
+            scratch = recompute_scratch(profile, tid, workspace.get(producer, op.workspace_bytes))
             _append(seq, producer, tid, op_id, (tid,), scratch, tensors[tid].bytes, op_ps[producer])
             for read in dict.fromkeys(op.inputs):
                 seq.uses.setdefault(read, []).append(len(seq.op_index) - 1)

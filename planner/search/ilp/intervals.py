@@ -36,6 +36,7 @@ from functools import cached_property
 import numpy as np
 
 from simulator.model.links import link_speed, transfer_links
+from simulator.model.recompute import recompute_problem
 from simulator.profile import Profile
 
 from ...core.analysis import idle_gaps, op_start_us, touches
@@ -303,9 +304,9 @@ def recomputes(profile: Profile, budget: int, min_bytes: int = 1) -> list[Recomp
         made_by = profile.producer[tensor.id]
         if tensor.persistent or tensor.bytes < min_bytes or made_by is None:
             continue
-        producer = profile.ops[made_by]
-        if producer.updates or profile.updaters[tensor.id]:
+        if recompute_problem(profile, tensor.id) is not None:   # R15
             continue
+        producer = profile.ops[made_by]
         sources = tuple(dict.fromkeys(producer.inputs))
         transient = [t for t in sources if not tensors[t].persistent]
         for gap in idle_gaps(profile, tensor.id):

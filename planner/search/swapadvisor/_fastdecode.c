@@ -1,5 +1,5 @@
 /*
- * The swapadvisor decoder in C (planner/search/swapadvisor/decode.py, ABI 1).
+ * The swapadvisor decoder in C (planner/search/swapadvisor/decode.py, ABI 2).
  *
  * One call, `_fastdecode.decode(problem, persistent_bytes, budget, order, weight, remakable)`,
  * does for one chromosome what Decoder.reference does in Python (Layout, _evict,
@@ -24,6 +24,10 @@
  * -1) and initial (tensors that start in host memory): bytes of int32; identity: whether
  * the order is the profile's.
  *
+ * `_fastdecode.recomputable(problem)`: bytes, one per tensor, 1 where R15 lets it be
+ * recomputed (`recomputable_flags`, the twin of simulator/model/recompute.py's
+ * recompute_problem, which decode.py asks; tests/test_recompute_twin.py holds them equal).
+ *
  * Robustness: every length and index of the inputs is checked (ValueError), every buffer
  * is sized from them, and an allocation that fails raises MemoryError.
  */
@@ -35,7 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ABI 1
+#define ABI 2
 enum { K_OFFLOAD = 0, K_PREFETCH = 1, K_DROP = 2, K_RECOMPUTE = 3 };   /* simulator action codes */
 enum { P_DROP = 0, P_OFFLOAD = 1, P_PREFETCH = 2, P_RECOMPUTE = 3 };   /* issue-order phases (lowering) */
 enum { NPROBLEM = 12 };
@@ -49,7 +53,22 @@ typedef struct {
     const uint8_t *persistent, *remakable;
     const double *time_us, *weight;
     int64_t persistent_bytes, budget;
+    uint8_t *recomputable;         /* R15, per tensor (recomputable_flags) */
 } In;
+
+/* R15, the twin of simulator/model/recompute.py's recompute_problem: tensor t may be
+ * recomputed when it is not persistent, an op makes it, nothing updates it in place and
+ * its producer updates nothing in place. One flag per tensor; NULL when out of memory. */
+static uint8_t *recomputable_flags(const In *in, Arena *a) {
+    uint8_t *updates = take(a, (size_t)in->n + 1, 1), *flags = take(a, (size_t)in->m + 1, 1);
+    if (updates == NULL || flags == NULL) return NULL;
+    for (int64_t i = 0; i < in->upd_off[in->m]; i++) updates[in->upd_op[i]] = 1;
+    for (int64_t t = 0; t < in->m; t++) {
+        int64_t p = in->producer[t];
+        flags[t] = !in->persistent[t] && p >= 0 && in->upd_off[t] == in->upd_off[t + 1] && !updates[p];
+    }
+    return flags;
+}
 
 /* ================================================================== layout (decode.py Layout) */
 
@@ -279,7 +298,7 @@ static void evict_gap(const In *in, const Lay *L, St *S, int64_t g) {
     S->delta[L->gb[g]] += size;
     S->delta[L->gtail[g]] -= size;
     int64_t t = L->gt[g];
-    if (L->ga[g] >= 0 && in->remakable[t] && in->producer[t] >= 0 && keep_inputs(in, L, S, g)) S->remade[g] = 1;
+    if (L->ga[g] >= 0 && in->remakable[t] && in->recomputable[t] && keep_inputs(in, L, S, g)) S->remade[g] = 1;
 }
 
 /* Apply the pending range updates to the estimate. */
@@ -620,7 +639,8 @@ static int check_inputs(In *in, Buf *pb, Buf *cb, Arena *a) {
     for (Py_ssize_t t = 0; t < m; t++)
         if (in->rin_off[t + 1] > in->rin_off[t] && in->producer[t] < 0) return bad(names[10], t, "has no producer");
     uint8_t *seen = take(a, (size_t)n, 1);
-    if (seen == NULL) { PyErr_NoMemory(); return 0; }
+    in->recomputable = recomputable_flags(in, a);
+    if (seen == NULL || in->recomputable == NULL) { PyErr_NoMemory(); return 0; }
     for (Py_ssize_t k = 0; k < n; k++) {
         if (seen[in->order[k]]) return bad("order", k, "repeats an op");
         seen[in->order[k]] = 1;
@@ -667,6 +687,44 @@ static int run_decode(const In *in, Lay *L, St *S, Out *o, Arena *a) {
            && actions(in, L, S, o, a);
 }
 
+/* The buffer kind of each entry of the problem tuple (int64, bool or float64). */
+static const char PROBLEM_KINDS[NPROBLEM] = {'i', 'b', 'i', 'i', 'f', 'i', 'i', 'i', 'i', 'i', 'i', 'i'};
+
+/* _fastdecode.recomputable: R15 per tensor of a problem (recomputable_flags), as bytes. */
+static PyObject *fastdecode_recomputable(PyObject *self, PyObject *problem) {
+    (void)self;
+    if (!PyTuple_Check(problem) || PyTuple_GET_SIZE(problem) != NPROBLEM) {
+        PyErr_SetString(PyExc_ValueError, "_fastdecode: the problem tuple must have 12 entries");
+        return NULL;
+    }
+    Buf pb[NPROBLEM];
+    memset(pb, 0, sizeof(pb));
+    Arena arena;
+    memset(&arena, 0, sizeof(arena));
+    In in;
+    memset(&in, 0, sizeof(in));
+    PyObject *result = NULL;
+    int ok = 1;
+    for (int i = 0; ok && i < NPROBLEM; i++)
+        ok = get_buf(PyTuple_GET_ITEM(problem, i), &pb[i], PROBLEM_KINDS[i], "problem");
+    if (ok) {
+        Py_ssize_t m = buf_len(&pb[0]), n = buf_len(&pb[3]);
+        in.m = m; in.n = n;
+        in.persistent = pb[1].view.buf; in.producer = pb[2].view.buf;
+        in.upd_off = pb[8].view.buf; in.upd_op = pb[9].view.buf;
+        if (buf_len(&pb[1]) != m || buf_len(&pb[2]) != m) {
+            PyErr_SetString(PyExc_ValueError, "_fastdecode: the arrays' lengths disagree");
+        } else if (all_in(in.producer, m, -1, n, "producer") && csr_ok(&pb[8], &pb[9], m, n, "upd_off")) {
+            uint8_t *flags = recomputable_flags(&in, &arena);
+            if (flags == NULL) PyErr_NoMemory();
+            else result = PyBytes_FromStringAndSize((const char *)flags, m);
+        }
+    }
+    release_all(&arena);
+    for (int i = 0; i < NPROBLEM; i++) if (pb[i].held) PyBuffer_Release(&pb[i].view);
+    return result;
+}
+
 /* _fastdecode.decode: read and check the inputs, decode without the GIL, build the result. */
 static PyObject *fastdecode_decode(PyObject *self, PyObject *args) {
     (void)self;
@@ -679,7 +737,6 @@ static PyObject *fastdecode_decode(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "_fastdecode: the problem tuple must have 12 entries");
         return NULL;
     }
-    static const char kinds[NPROBLEM] = {'i', 'b', 'i', 'i', 'f', 'i', 'i', 'i', 'i', 'i', 'i', 'i'};
     Buf pb[NPROBLEM], cb[3];
     memset(pb, 0, sizeof(pb));
     memset(cb, 0, sizeof(cb));
@@ -695,7 +752,8 @@ static PyObject *fastdecode_decode(PyObject *self, PyObject *args) {
     memset(&out, 0, sizeof(out));
     PyObject *result = NULL;
     int ok = 1;
-    for (int i = 0; ok && i < NPROBLEM; i++) ok = get_buf(PyTuple_GET_ITEM(problem, i), &pb[i], kinds[i], "problem");
+    for (int i = 0; ok && i < NPROBLEM; i++)
+        ok = get_buf(PyTuple_GET_ITEM(problem, i), &pb[i], PROBLEM_KINDS[i], "problem");
     ok = ok && get_buf(order, &cb[0], 'i', "order") && get_buf(weight, &cb[1], 'f', "weight")
          && get_buf(remakable, &cb[2], 'b', "remakable");
     in.persistent_bytes = persistent_bytes;
@@ -717,6 +775,8 @@ static PyObject *fastdecode_decode(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"decode", fastdecode_decode, METH_VARARGS,
      "decode(problem, persistent_bytes, budget, order, weight, remakable): one chromosome's plan as columns."},
+    {"recomputable", fastdecode_recomputable, METH_O,
+     "recomputable(problem): one byte per tensor, 1 where R15 lets it be recomputed."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastdecode",

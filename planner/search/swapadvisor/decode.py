@@ -33,6 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from simulator.model.links import link_speed
+from simulator.model.recompute import recompute_problem
 from simulator.plan import Action, drop, offload, prefetch, recompute
 from simulator.profile import Profile
 
@@ -46,7 +47,7 @@ except ImportError:  # no C compiler at install time: the Python decoder is used
 SPREAD = 4.0          # a gene of 0 or 1 scales what it weighs by 1/4 or 4
 RECOMPUTE = 3         # issue-order phase of recomputes (after the transfers at an op)
 LAYOUT_CACHE = 64     # schedules whose derived facts are kept (children often share one)
-ABI = 1               # the C decoder's argument and result layout; _fastdecode.ABI must match
+ABI = 2               # the C decoder's argument and result layout; _fastdecode.ABI must match
 _PHASE = (OFFLOAD, PREFETCH, DROP, RECOMPUTE)   # the C decoder's action codes -> issue phases
 
 
@@ -111,17 +112,16 @@ class Problem:
         pairs = [(index[tid], u) for tid, ups in profile.updaters.items() for u in ups]
         self.update_t = np.array([t for t, _ in pairs], dtype=np.int64)
         self.update_op = np.array([u for _, u in pairs], dtype=np.int64)
-        updated = set(self.update_t.tolist())
-        # R15: an activation never updated, whose producer updates nothing, can be recomputed
         latency, up = link_speed(hardware, "offload", "host")
         _, down = link_speed(hardware, "prefetch", "host")
         self.copy_us = latency + self.bytes / max(min(up, down), 1e-9)
+        # R15: what may be recomputed (the C decoder's twin: _fastdecode.c's recomputable_flags)
         self.remake_us = np.full(self.m, np.inf)
         self.remake_inputs: dict[int, list[int]] = {}
         for t, tensor in enumerate(tensors):
-            made_by = profile.producer[tensor.id]
-            if made_by is None or t in updated or ops[made_by].updates or tensor.bytes == 0:
+            if tensor.bytes == 0 or recompute_problem(profile, tensor.id) is not None:
                 continue
+            made_by = profile.producer[tensor.id]
             self.remake_us[t] = ops[made_by].time_us
             self.remake_inputs[t] = [index[x] for x in dict.fromkeys(ops[made_by].inputs)]
         self.producer = np.array([-1 if profile.producer[t.id] is None else profile.producer[t.id]

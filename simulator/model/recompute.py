@@ -1,0 +1,59 @@
+"""May a tensor be recomputed (R15), and the scratch a recompute holds while it runs.
+
+A recompute re-runs the tensor's producer just before an op. R15 refuses it for a
+persistent tensor (no op makes it), when the producer updates a tensor in place (a
+re-run would update it twice), and when the tensor was updated in place after it was
+produced (a re-run would make the value it had before). The compile
+(simulator/compile/program.py) and every planner that chooses recomputes ask
+``recompute_problem``; swapadvisor's C decoder keeps a twin, tested equal to it.
+"""
+from __future__ import annotations
+
+from ..profile import Profile
+
+
+def recompute_problem(profile: Profile, tid: str, before: int | None = None, updates=None) -> str | None:
+    """R15: None when ``tid`` may be recomputed, else why not (the simulator's reason).
+
+    The updates in place that count are ``updates`` (the ids of the ops that updated it
+    since it was produced, in the order they ran: what a walk of a reordered schedule
+    knows) or, without them, the profile's: those at op positions before ``before``
+    (a recompute just before that op), every one when ``before`` is None."""
+    tensor = profile.tensor_by_id[tid]
+    if tensor.persistent:
+        return f"recompute of persistent tensor {tid!r} ({tensor.kind})"
+    made_by = profile.producer[tid]
+    if made_by is None:
+        return f"recompute of {tid!r}: no op produces it"
+    op = profile.ops[made_by]
+    if op.updates:
+        return f"recompute of {tid!r}: its producer {op.id!r} updates {op.updates[0]!r} in place"
+    if updates is None:   # the producer updates nothing: the first update in place, if any
+        first = recomputable_until(profile, tid)
+        updates = (profile.ops[first].id,) if first < (len(profile.ops) if before is None else before) else ()
+    if updates:
+        return f"recompute of {tid!r}: it was updated in place after it was produced (by op {updates[0]!r})"
+    return None
+
+
+def recomputable_until(profile: Profile, tid: str) -> int:
+    """The op position past which R15 refuses a recompute of ``tid``, in profile order
+    (for ``before`` after its producer, ``recompute_problem(profile, tid, before)`` is not
+    None exactly when ``before > recomputable_until``): -1 for a persistent tensor, its
+    producer's position when the producer updates in place, else its first in-place
+    update, else the number of ops (never)."""
+    made_by = profile.producer[tid]
+    if made_by is None or profile.tensor_by_id[tid].persistent:
+        return -1
+    if profile.ops[made_by].updates:
+        return made_by
+    return min(profile.updaters[tid], default=len(profile.ops))
+
+
+def recompute_scratch(profile: Profile, tid: str, workspace: int | None = None) -> int:
+    """R15: the bytes a recompute of ``tid`` holds beside the tensor while it runs: its
+    producer's workspace (``workspace``: the chosen variant's, R52; the profile's when
+    None) and the other outputs the re-run makes (``Profile.rerun_extra_bytes``)."""
+    if workspace is None:
+        workspace = profile.ops[profile.producer[tid]].workspace_bytes
+    return workspace + profile.rerun_extra_bytes(tid)
