@@ -136,7 +136,7 @@ def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name
     raw_densities = _read_density_file(density_file)   # a bad file fails before the trace
     what = model if hf_config is None else hf_config
     try:
-        from tracer.torch_trace import trace
+        from tracer.pytorch.trace import trace
     except ModuleNotFoundError as exc:   # torch found but broken: a part of it is missing
         raise InputError("", "", f"trace {TRACE_EXTRA} ({exc.name} cannot be imported)") from None
     try:

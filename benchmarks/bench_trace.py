@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = """
 import json, sys
-from tracer.torch_trace import trace
+from tracer.pytorch.trace import trace
 p = trace(sys.argv[1], batch=int(sys.argv[2]), seq=int(sys.argv[3]), **json.loads(sys.argv[4]))
 print(f"{len(p.ops)} ops, {len(p.tensors)} tensors, peak {p.peak_bytes / 2**30:.2f} GiB, "
       f"ideal {p.ideal_us / 1e3:.1f} ms")

@@ -16,7 +16,7 @@ One table: reference, figure (the reference's own), swapplan (the simulator's), 
   the simulated peak.
 - **measured imports**: the trace's own peak (Total Allocated) against the imported
   profile's no-swap peak, for the real VGG13 H100 trace (../shared/data, when beside the
-  checkout) and the sample compiled-model trace (tracer/kineto_sample.py); within 1%.
+  checkout) and the sample compiled-model trace (tracer/kineto/sample.py); within 1%.
 - **host replay**: `swapplan replay` on the host backend against the simulated iteration
   and peak (docs/executor.md); the iteration within 5%, the peak within the budget.
 - **published UVM**: G10 (MICRO'23, Fig. 11): Base UVM and DeepUM+ over the ideal on G10's
@@ -91,12 +91,12 @@ def real_run_rows() -> list[Row]:
 def import_rows() -> list[Row]:
     """Measured traces' own peaks against the imported no-swap peaks."""
     from tracer.kineto import peak_fidelity
-    from tracer.kineto_sample import compiled_step_trace
+    from tracer.kineto.sample import compiled_step_trace
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         sample = Path(tmp) / "compiled.json"
         sample.write_text(json.dumps(compiled_step_trace()))
-        traces = [("sample torch.compile step (tracer/kineto_sample.py)", sample)]
+        traces = [("sample torch.compile step (tracer/kineto/sample.py)", sample)]
         if (VGG13 / "kineto_trace.json").is_file():
             traces.insert(0, ("VGG13 H100 Kineto trace (triosim)", VGG13 / "kineto_trace.json"))
         for name, path in traces:

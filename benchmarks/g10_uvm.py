@@ -104,7 +104,7 @@ def profile_for(w: Workload, cache: Path | None = CACHE, retrace: bool = False):
         if path.is_file() and not retrace:
             profile = load_profile(path)
             return profile, time.perf_counter() - started, "cached"
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
     profile = trace(w.model, batch=w.batch, seq=w.seq, optimizer=OPTIMIZER, hardware=str(HARDWARE),
                     name=f"g10-{w.name.lower()}-b{w.batch}")
     if path is not None:

@@ -148,7 +148,7 @@ def trace_job(spec: TraceSpec, units: int, key: str, folder: str) -> Traced:
     or the trace's one-line error, cached as well. Errors outside the model (a full disk)
     are raised, never cached."""
     from simulator.profile import save_profile
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
 
     cache = TraceCache(folder)
     cache.folder.mkdir(parents=True, exist_ok=True)

@@ -26,8 +26,8 @@ from typing import Any
 from simulator.errors import InputError
 from simulator.hardware import load_hardware
 from simulator.profile import Profile
-from tracer.node_identity import FX_VERSION, flat_tensors
-from tracer.values import Values, seeded_values
+from tracer.pytorch.node_identity import FX_VERSION, flat_tensors
+from tracer.pytorch.values import Values, seeded_values
 
 FX_FIELD_HINT = "trace it with runtime=True (swapplan trace --runtime)"
 
@@ -58,7 +58,7 @@ class Bindings:
     profile: Profile
     model: str
     graph_module: Any
-    capture: Any                  # tracer.capture.Capture (fake values, the TrainStep)
+    capture: Any                  # tracer.pytorch.capture.Capture (fake values, the TrainStep)
     ops: dict[str, OpBinding]
     tensors: dict[str, TensorBinding]
     op_of_node: dict[str, str]    # node name -> op id (kernel nodes only)
@@ -99,11 +99,12 @@ def bind(model_spec: str, profile: Profile) -> Bindings:
 
     Raises InputError for a profile without node identity, a model that traces to
     another profile, or a graph with an op that has no CPU kernel (and no emulation in
-    :mod:`tracer.cpu_kernels`).
+    :mod:`tracer.pytorch.cpu_kernels`).
     """
-    from tracer import cpu_kernels, models
-    from tracer.capture import capture
-    from tracer.lowering import lower
+    from tracer import models
+    from tracer.pytorch import cpu_kernels
+    from tracer.pytorch.capture import capture
+    from tracer.pytorch.lowering import lower
 
     opts = _source_options(profile)
     if opts["model"] is not None and opts["model"] != model_spec:

@@ -47,8 +47,8 @@ from simulator.errors import InputError, SwapplanError
 from simulator.hardware import Hardware, load_hardware
 from simulator.plan import Plan, empty_plan
 
-from tracer.node_identity import flat_tensors
-from tracer.values import Values
+from tracer.pytorch.node_identity import flat_tensors
+from tracer.pytorch.values import Values
 
 from .bindings import Bindings
 

@@ -60,7 +60,7 @@ def peak_sweep(model: str, planner_names: Iterable[str], shares: Iterable[float]
 
     from planner.core.api import make_plan
     from planner.core.registry import RunOptions
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
 
     from .bindings import bind, initial_values
     from .interpreter import PlannedInterpreter, reference_step

@@ -39,7 +39,7 @@ def train(model: str, *, planner: str | None = None, budget: str | int | None = 
     import torch
 
     from planner.core.api import make_plan
-    from tracer.torch_trace import DEFAULT_HARDWARE, trace
+    from tracer.pytorch.trace import DEFAULT_HARDWARE, trace
 
     if (plan is None) == (planner is None):
         raise InputError("<argument>", "plan", "give a planner (with a budget) or a plan, not both")

@@ -97,7 +97,7 @@ def _direct(batch: int, seed: int = 0) -> dict:
 def measured():
     if not HAS_TORCH:
         pytest.skip("measuring densities needs torch (the 'trace' extra)")
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
     return trace(f"{ME}:relu_mlp", batch=16, density=True)
 
 
@@ -118,7 +118,7 @@ def test_relu_mlp_densities_match_a_direct_count(measured):
 
 @needs_torch
 def test_density_batch_equal_to_the_batch_and_seeds():
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
     full = trace(f"{ME}:relu_mlp", batch=8, density=True, density_batch=8)
     assert full.source["density"] == {**full.source["density"], "batch": 8, "seed": 0, "threads": 2, "digits": 4}
     assert "unmeasured" not in full.source["density"]
@@ -137,7 +137,7 @@ def test_density_batch_equal_to_the_batch_and_seeds():
 
 @needs_torch
 def test_densities_are_deterministic_and_only_add_density(measured):
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
     again = trace(f"{ME}:relu_mlp", batch=16, density=True)
     assert profile_bytes(again) == profile_bytes(measured)
     plain = trace(f"{ME}:relu_mlp", batch=16)
@@ -153,7 +153,7 @@ def test_densities_are_deterministic_and_only_add_density(measured):
 
 @needs_torch
 def test_the_graph_must_be_the_same_at_the_density_batch():
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
     profile = trace(f"{ME}:transposing", batch=8, density=True, density_batch=2)
     assert profile.source["density"]["batch"] == 2
     with pytest.raises(InputError) as err:
@@ -230,7 +230,7 @@ def test_default_step_sizes():
 @needs_torch
 def test_a_default_shorter_seq_whose_graph_differs_gives_way_to_the_traced_one(monkeypatch):
     from tracer import density
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
     monkeypatch.setattr(density, "step_sizes", lambda kind, b, s, db=None, ds=None: (2, [1, s]))
     profile = trace(f"{ME}:seq_dependent", batch=4, seq=8, density=True)
     assert (profile.source["density"]["batch"], profile.source["density"]["seq"]) == (2, 8)
@@ -245,9 +245,9 @@ def test_only_what_the_counted_tensors_need_runs_and_counts_the_same():
     """At a smaller batch only activations are counted: the weight gradients and the
     optimizer step do not run and the optimizer state gets no memory, yet every count
     equals that of a run of every node (the in-place ReLU and accumulations included)."""
-    from tracer.values import seeded_values
+    from tracer.pytorch.values import seeded_values
     from tracer import density, models
-    from tracer.torch_trace import capture, lower
+    from tracer.pytorch.trace import capture, lower
     from simulator.hardware import load_hardware
 
     def step():
@@ -397,7 +397,7 @@ def test_import_kineto_density_file(tmp_path):
 @needs_torch
 def test_a_transformer_at_a_shorter_sequence_and_the_cuda_only_kernels():
     pytest.importorskip("transformers", reason="the tiny GPT-2 needs transformers")
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
     tiny = "tests.test_trace:tiny_gpt2"
     profile = trace(tiny, batch=4, seq=32, density=True, density_batch=2, density_seq=16)
     note = profile.source["density"]

@@ -37,7 +37,7 @@ def test_forward_shapes_on_meta(name, seq, outputs):
 
 @pytest.mark.parametrize("name, ops_at_least", [("inception_v3", 900), ("senet154", 2500)])
 def test_traces_at_batch_2(name, ops_at_least):
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
     profile = trace(f"benchmarks.g10_models:{name}", batch=2, optimizer="sgd")
     weights = sum(t.bytes for t in profile.tensors if t.kind == "weight")
     count = {"inception_v3": 23_834_568, "senet154": 115_088_984}[name]

@@ -1,7 +1,7 @@
 """tracer.kineto: top-level ops that ran several kernels with memory events between their
 launches are split into one op per kernel (a torch.compile'd region is one such op).
 
-The traces are written by tracer/kineto_sample.py (``KinetoWriter``; ``compiled_step_trace``
+The traces are written by tracer/kineto/sample.py (``KinetoWriter``; ``compiled_step_trace``
 is one training step shaped like a compiled model).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from simulator.errors import InputError
 from simulator.profile import canonical_json, profile_from_dict
 from tracer.kineto import import_kineto, peak_fidelity
-from tracer.kineto_sample import KinetoWriter, compiled_step_trace, trace_peak_bytes
+from tracer.kineto.sample import KinetoWriter, compiled_step_trace, trace_peak_bytes
 
 MiB = 1 << 20
 
@@ -189,14 +189,14 @@ def test_split_must_be_a_bool(compiled_path, bad):
 
 
 def test_the_shipped_sample_trace_is_the_one_the_sample_writer_makes_and_imports(tmp_path):
-    # README's `swapplan import kineto tracer/samples/compiled-step.kineto.json` line: the file
-    # in the repo is exactly what tracer/kineto_sample.py writes, and it imports at its trace peak
+    # README's `swapplan import kineto tracer/kineto/samples/compiled-step.kineto.json` line: the file
+    # in the repo is exactly what tracer/kineto/sample.py writes, and it imports at its trace peak
     from pathlib import Path
 
     from click.testing import CliRunner
 
     from cli import app
-    shipped = Path(__file__).resolve().parents[1] / "tracer" / "samples" / "compiled-step.kineto.json"
+    shipped = Path(__file__).resolve().parents[1] / "tracer" / "kineto" / "samples" / "compiled-step.kineto.json"
     assert json.loads(shipped.read_text()) == json.loads(json.dumps(compiled_step_trace()))
     result = CliRunner().invoke(app, ["import", "kineto", str(shipped), "-o", str(tmp_path / "m.json")])
     assert result.exit_code == 0, result.output

@@ -252,9 +252,9 @@ def test_every_output_check_probes_its_folder(tmp_path, unwritable):
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
 def test_trace_into_proc_fails_before_the_trace_with_the_right_message(tmp_path, monkeypatch):
     pytest.importorskip("torch", reason="trace needs torch (the 'trace' extra)")
-    import tracer.torch_trace
+    import tracer.pytorch.trace
 
-    monkeypatch.setattr(tracer.torch_trace, "trace", lambda *a, **k: pytest.fail("traced before the check"))
+    monkeypatch.setattr(tracer.pytorch.trace, "trace", lambda *a, **k: pytest.fail("traced before the check"))
     line = one_line_error(run("trace", "gpt2", "-o", "/proc/self/x.json"))
     assert line == ("error: /proc/self/x.json: cannot write in folder '/proc/self': it takes no new files (a special "
                     "file system?)")
@@ -262,9 +262,9 @@ def test_trace_into_proc_fails_before_the_trace_with_the_right_message(tmp_path,
 
 def test_trace_density_batch_above_the_batch_is_refused_before_the_trace(tmp_path, monkeypatch):
     pytest.importorskip("torch", reason="trace needs torch (the 'trace' extra)")
-    import tracer.torch_trace
+    import tracer.pytorch.trace
 
-    monkeypatch.setattr(tracer.torch_trace, "capture", lambda *a, **k: pytest.fail("traced before the check"))
+    monkeypatch.setattr(tracer.pytorch.trace, "capture", lambda *a, **k: pytest.fail("traced before the check"))
     line = one_line_error(run("trace", "runtime.small_models:mlp", "--batch", 4, "--density", "--density-batch", 8,
                               "-o", tmp_path / "o.json"))
     assert line == ("error: <argument>: density-batch: 8 is more than the traced batch (4): give at most 4")

@@ -29,7 +29,7 @@ from simulator.hardware import load_hardware  # noqa: E402
 from simulator.plan import Plan, offload, plan_json  # noqa: E402
 from simulator.profile import (FX_REWRITES, INPUT_ROLES, profile_bytes, profile_from_dict,  # noqa: E402
                                profile_sha256)
-from tracer.torch_trace import trace  # noqa: E402
+from tracer.pytorch.trace import trace  # noqa: E402
 
 ME = "runtime.small_models"
 HW = load_hardware("a100-40gb-pcie4")

@@ -152,7 +152,7 @@ def test_the_executor_replays_a_split_plan():
 
 
 def test_the_tracer_marks_ops_by_kind():
-    from tracer.splittable import split_rule
+    from tracer.pytorch.splittable import split_rule
     assert split_rule("aten::_log_softmax_backward_data").over == "rows"
     assert split_rule("aten::convolution_backward").over == "batch"
     assert split_rule("aten::native_batch_norm") is None and split_rule("aten::native_dropout") is None

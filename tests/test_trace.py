@@ -18,7 +18,7 @@ from simulator.profile import (  # noqa: E402
     load_profile, profile_from_dict, profile_sha256, save_profile)
 from tests.real_memory import measure_step  # noqa: E402
 from tracer import models  # noqa: E402
-from tracer.torch_trace import TrainStep, state_names, trace  # noqa: E402
+from tracer.pytorch.trace import TrainStep, state_names, trace  # noqa: E402
 
 ME = __name__  # models below are reached as "tests.test_trace:<function>"
 VOCAB = 512

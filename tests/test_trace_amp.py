@@ -27,7 +27,7 @@ from simulator.errors import InputError  # noqa: E402
 from simulator.profile import load_profile  # noqa: E402
 from tests.real_memory import measure_step  # noqa: E402
 from tracer import models  # noqa: E402
-from tracer.torch_trace import LOSS_SCALE, TrainStep, trace  # noqa: E402
+from tracer.pytorch.trace import LOSS_SCALE, TrainStep, trace  # noqa: E402
 
 TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,

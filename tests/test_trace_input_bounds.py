@@ -114,12 +114,12 @@ def test_variants_csv_fifo_and_device(tmp_path):
 
 
 def test_kineto_hash_reads_regular_files_only(tmp_path):
-    from tracer._kineto_assemble import _text_sha256
+    from tracer.kineto.assemble import text_sha256
     os.mkfifo(tmp_path / "f.json")
-    assert _text_sha256(tmp_path / "f.json") is None       # not blocked on, not read
-    assert _text_sha256("/dev/zero") is None
+    assert text_sha256(tmp_path / "f.json") is None       # not blocked on, not read
+    assert text_sha256("/dev/zero") is None
     (tmp_path / "t.json").write_text("{}")
-    assert _text_sha256(tmp_path / "t.json") == "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+    assert text_sha256(tmp_path / "t.json") == "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
 
 
 # ----------------------------------------------------------------------------- 2: bounds of a config
@@ -203,7 +203,7 @@ def test_parameters_are_counted_after_the_build(tmp_path, monkeypatch):
 
 @needs_torch
 def test_a_traced_step_past_the_format_names_the_config(tmp_path):
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
     with pytest.raises(InputError) as info:   # within the byte bound, but an op of 10^16 us
         trace(hf_config=write_config(tmp_path, max_position_embeddings=10**12), seq=10**11)
     assert (info.value.file, info.value.where) == ("<argument>", "hf-config")
@@ -213,7 +213,7 @@ def test_a_traced_step_past_the_format_names_the_config(tmp_path):
 @needs_torch
 def test_density_refuses_weights_the_machine_cannot_hold_before_the_trace(tmp_path, monkeypatch):
     from tracer import density
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
     monkeypatch.setattr(density, "_available_memory", lambda: 1000)
     with pytest.raises(InputError) as info:
         trace(hf_config=write_config(tmp_path), seq=16, density=True)
@@ -236,7 +236,7 @@ def test_an_out_of_range_density_seed_names_the_option(tmp_path, seed):
 @needs_torch
 @pytest.mark.parametrize("seed", [-1, 2**64, 2**70, 1.5, True])
 def test_the_library_checks_the_seed_before_tracing(tmp_path, seed):
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
     with pytest.raises(InputError) as info:
         trace(hf_config=write_config(tmp_path), density=True, density_seed=seed)
     assert (info.value.file, info.value.where) == ("<argument>", "density-seed")
@@ -245,7 +245,7 @@ def test_the_library_checks_the_seed_before_tracing(tmp_path, seed):
 
 @needs_torch
 def test_the_largest_seed_measures(tmp_path):
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
     profile = trace("tests.test_density:relu_mlp", batch=4, density=True, density_batch=4,
                     density_seed=2**64 - 1)
     assert profile.source["density"]["seed"] == 2**64 - 1

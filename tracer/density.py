@@ -3,7 +3,7 @@ CPU step, or read from a file (docs/tracing.md, "Sparsity").
 
 ``measure(...)`` runs one real training step of the traced FX graph (forward, loss,
 backward, optimizer) on the CPU with the model's own seeded initial weights, fresh
-optimizer state and a seeded synthetic batch (:func:`tracer.values.seeded_values`),
+optimizer state and a seeded synthetic batch (:func:`tracer.pytorch.values.seeded_values`),
 node by node in graph order, as :mod:`runtime` runs it (CUDA-only attention through its
 CPU emulation; an ``inplace_accumulate`` add in place into its first argument, so that a
 gradient's storage holds what the profile says it holds). Each profile tensor is one
@@ -242,14 +242,14 @@ def measure(capture, tensors: list, ops: list, workload, *, optimizer: str = "ad
     wanted, or whose storage the step never held).
 
     Raises InputError when the graph has an op with no CPU kernel (and no emulation in
-    :mod:`tracer.cpu_kernels`).
+    :mod:`tracer.pytorch.cpu_kernels`).
     """
     import torch
     from torch.fx import Interpreter
 
-    from tracer import cpu_kernels
-    from tracer.node_identity import flat_tensors
-    from tracer.values import seeded_values
+    from tracer.pytorch import cpu_kernels
+    from tracer.pytorch.node_identity import flat_tensors
+    from tracer.pytorch.values import seeded_values
 
     gm = capture.graph_module
     _check_cpu_kernels(gm)
@@ -345,7 +345,7 @@ def needed_nodes(gm, terminals, inplace=frozenset()) -> set[str]:
     stream is drawn as in the whole step. A run of these nodes alone gives the terminals
     the values a run of every node gives them (a weight's gradient, the optimizer step,
     are left out when nothing counted depends on them)."""
-    from tracer.node_identity import is_random
+    from tracer.pytorch.node_identity import is_random
 
     nodes = list(gm.graph.nodes)
     if not terminals:
@@ -378,7 +378,7 @@ def needed_nodes(gm, terminals, inplace=frozenset()) -> set[str]:
 def _storages(value) -> set:
     """Storage identities of the (fake) tensors in a node's value (the tracer's own
     identity of a tensor: one per storage)."""
-    from tracer.node_identity import flat_tensors
+    from tracer.pytorch.node_identity import flat_tensors
     return {t.untyped_storage()._cdata for t in flat_tensors(value)}
 
 
@@ -387,7 +387,7 @@ def _written_storages(node, inplace) -> set:
     arguments, batch norm's running statistics; its first argument for ``inplace``)."""
     import torch
 
-    from tracer.node_identity import node_values, written_args
+    from tracer.pytorch.node_identity import node_values, written_args
     if node.op != "call_function":
         return set()
     if node.name in inplace:
@@ -443,8 +443,8 @@ class _Counted(Exception):
 
 
 def _check_cpu_kernels(gm) -> None:
-    """InputError when an op of the graph has no CPU kernel here (:func:`tracer.cpu_kernels.missing`)."""
-    from tracer import cpu_kernels
+    """InputError when an op of the graph has no CPU kernel here (:func:`tracer.pytorch.cpu_kernels.missing`)."""
+    from tracer.pytorch import cpu_kernels
     missing = cpu_kernels.missing(gm)
     if missing:
         raise InputError("<argument>", "density", f"{', '.join(missing)} {'has' if len(missing) == 1 else 'have'} "

@@ -72,7 +72,7 @@ class Recipe:
 
 
 def _traced(model: str, batch: int, seq: int) -> Profile:
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
     if model in DENSITY_SIZES:
         density_batch, density_seq = DENSITY_SIZES[model]
         return trace(model, batch=batch, seq=seq, density=True, density_batch=density_batch,
@@ -82,7 +82,7 @@ def _traced(model: str, batch: int, seq: int) -> Profile:
 
 def _amp_traced(name: str, config: str, batch: int, seq: int, amp: str, hardware: str) -> Profile:
     from tracer.models import CONFIG_DIR
-    from tracer.torch_trace import trace
+    from tracer.pytorch.trace import trace
     return trace(hf_config=CONFIG_DIR / f"{config}.json", batch=batch, seq=seq, amp=amp,
                  hardware=hardware, name=name)
 

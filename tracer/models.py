@@ -4,7 +4,7 @@
 ``torch.device("meta")``: no memory, no initialisation, nothing downloaded), the
 batch it trains on (shapes and dtypes only), and how one training step turns the
 module and the batch into a scalar loss. ``None`` for ``batch`` or ``seq`` means the
-model's default. The tracer (:mod:`tracer.torch_trace`) fakes the tensors; nothing
+model's default. The tracer (:mod:`tracer.pytorch.trace`) fakes the tensors; nothing
 here allocates real memory.
 
 Registered models

@@ -1,6 +1,6 @@
 """Node identity: how a profile op or tensor names its place in the traced FX graph.
 
-The tracer writes it (:mod:`tracer.lowering` with ``runtime=True``) and the runtime and
+The tracer writes it (:mod:`tracer.pytorch.lowering` with ``runtime=True``) and the runtime and
 the density measurement read it back; both sides use the definitions here, so that
 "the k-th tensor output of a node" or "an op that writes its argument" mean the same.
 

@@ -2,7 +2,7 @@
 ``torch.compile``'d model (the shape `swapplan import kineto` splits at kernel boundaries,
 docs/tracing.md). For tests, the fidelity report and trying the import without a GPU:
 
-    python -m tracer.kineto_sample compiled.json && swapplan import kineto compiled.json -o p.json
+    python -m tracer.kineto.sample compiled.json && swapplan import kineto compiled.json -o p.json
 
 ``compiled_step_trace()``: a forward ``CompiledFunction`` (24 kernels, each allocating a
 saved activation, some with a temporary), a backward ``CompiledFunctionBackward`` (48
@@ -119,6 +119,6 @@ def trace_peak_bytes(document: dict) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m tracer.kineto_sample OUT.json")
+        sys.exit("usage: python -m tracer.kineto.sample OUT.json")
     with open(sys.argv[1], "w", encoding="utf-8") as out:
         json.dump(compiled_step_trace(), out)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import bisect
 
-from tracer._kineto_iteration import _Iteration, _Op
-from tracer._kineto_memory import OUTSIDE, _workspaces
+from .iteration import Iteration, TraceOp
+from .memory import OUTSIDE, set_workspaces
 
 
 def op_starts(ops: list) -> list:
@@ -27,7 +27,7 @@ def op_starts(ops: list) -> list:
     return starts
 
 
-def _split(iteration: _Iteration, flow) -> None:
+def split_at_kernels(iteration: Iteration, flow) -> None:
     """Replace each op that holds several kernels and memory events between their
     launches by its kernel pieces; place the allocations, workspaces and dataflow anew."""
     old = iteration.ops
@@ -49,7 +49,7 @@ def _split(iteration: _Iteration, flow) -> None:
         ops[alloc.producer].allocations.append(alloc)
     for k, op in enumerate(old):
         if times[k] is None:
-            _workspaces([op])
+            set_workspaces([op])
         else:
             _inner_uses(ops, first[k], len(times[k]))
     _gap_workspaces(ops, old, first, times, iteration.allocations)
@@ -62,13 +62,13 @@ def _split(iteration: _Iteration, flow) -> None:
     iteration.ops = ops
 
 
-def _launch_times(op: _Op) -> list:
+def _launch_times(op: TraceOp) -> list:
     """The op's GPU events' launch times, in launch order (events sorted in place)."""
     op.launches.sort(key=lambda item: (item[0], item[1].pos))
     return [ts for ts, _ in op.launches]
 
 
-def _interleaved(op: _Op, frees: list) -> bool:
+def _interleaved(op: TraceOp, frees: list) -> bool:
     """Several GPU events, all with a known launch, and a memory event between the
     first launch and the last (an allocation of the op, or any free, by time)."""
     if op.unlaunched or len(op.launches) < 2:
@@ -81,9 +81,9 @@ def _interleaved(op: _Op, frees: list) -> bool:
     return k < len(frees) and frees[k] < high
 
 
-def _pieces(op: _Op) -> list:
+def _pieces(op: TraceOp) -> list:
     """One op per GPU event, named ``<top-level op>/<kernel>``, timed by the event."""
-    return [_Op(op.span, phase=op.phase, time_us=g.dur, gpu_events=1,
+    return [TraceOp(op.span, phase=op.phase, time_us=g.dur, gpu_events=1,
                 label=f"{op.span.name}/{g.name or g.kind}", begin=ts)
             for ts, g in op.launches]
 

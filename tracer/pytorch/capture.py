@@ -1,4 +1,4 @@
-"""Capture one training step as an FX graph: make_fx over :class:`tracer.step.TrainStep`
+"""Capture one training step as an FX graph: make_fx over :class:`tracer.pytorch.step.TrainStep`
 on fake tensors (shapes, dtypes and storages; no memory, no weights, no GPU)."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.errors import InputError
-from tracer.dtypes import torch_dtype
-from tracer.kernel_choice import unpacked_batches
-from tracer.optim import state_names
-from tracer.step import TrainStep
+from tracer.pytorch.dtypes import torch_dtype
+from tracer.pytorch.kernel_choice import unpacked_batches
+from tracer.pytorch.optim import state_names
+from tracer.pytorch.step import TrainStep
 
 
 def require_torch():

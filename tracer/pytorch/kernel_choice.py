@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from tracer.dtypes import torch_dtype
+from tracer.pytorch.dtypes import torch_dtype
 
 
 def make_gpu_kernels_mode():
@@ -99,7 +99,7 @@ def make_gpu_kernels_mode():
 
 def autocast_for(amp: str, gpu_kernels: bool):
     """Autocast to ``amp``'s dtype with the op policy of CUDA (GPU kernels) or the CPU."""
-    from tracer.autocast import cpu_autocast, cuda_autocast
+    from tracer.pytorch.autocast import cpu_autocast, cuda_autocast
     dtype = torch_dtype(amp)
     return cuda_autocast(dtype) if gpu_kernels else cpu_autocast(dtype)
 

@@ -11,16 +11,16 @@ nothing downloaded) and records one full training step with
        ``torch.optim.AdamW(foreach=True)`` (or ``SGD(momentum=0.9, foreach=True)``) runs.
 
 The real ``torch.optim`` optimizers cannot be traced (they read the step count with
-``.item()``; ``capturable=True`` wants CUDA), so :func:`tracer.optim.adamw_foreach` and
+``.item()``; ``capturable=True`` wants CUDA), so :func:`tracer.pytorch.optim.adamw_foreach` and
 :func:`sgd_foreach` restate their non-capturable multi-tensor paths op for op (the
 CPU-side step counters launch no GPU kernel and are left out). Markers from
 ``torch.profiler.record_function("phase:...")`` survive make_fx and give each op its
 phase.
 
-The work is done by one module per stage: :mod:`tracer.step` (the step as a function,
-mixed precision), :mod:`tracer.optim` (the optimizers), :mod:`tracer.kernel_choice` (the
-kernels a CUDA run picks), :mod:`tracer.capture` (make_fx on fake tensors),
-:mod:`tracer.lowering` (graph to tensors and ops, kernel times), :mod:`tracer.node_identity`
+The work is done by one module per stage: :mod:`tracer.pytorch.step` (the step as a function,
+mixed precision), :mod:`tracer.pytorch.optim` (the optimizers), :mod:`tracer.pytorch.kernel_choice` (the
+kernels a CUDA run picks), :mod:`tracer.pytorch.capture` (make_fx on fake tensors),
+:mod:`tracer.pytorch.lowering` (graph to tensors and ops, kernel times), :mod:`tracer.pytorch.node_identity`
 (the ``fx`` a runtime reads) and :mod:`tracer.density` (densities from a real CPU step).
 This module is the entry point and re-exports their public names.
 
@@ -34,13 +34,13 @@ from __future__ import annotations
 from simulator.errors import InputError
 from simulator.hardware import Hardware, load_hardware
 from simulator.profile import Profile
-from tracer.capture import capture, require_torch
-from tracer.lowering import input_roles, lower
-from tracer.node_identity import FX_VERSION
-from tracer.optim import (LOSS_SCALE, OPTIMIZERS, adamw_foreach, adamw_master, sgd_foreach, sgd_master,
+from tracer.pytorch.capture import capture, require_torch
+from tracer.pytorch.lowering import input_roles, lower
+from tracer.pytorch.node_identity import FX_VERSION
+from tracer.pytorch.optim import (LOSS_SCALE, OPTIMIZERS, adamw_foreach, adamw_master, sgd_foreach, sgd_master,
                           state_names)
 from tracer.roofline import DTYPE_BYTES, peak_tflops
-from tracer.step import TrainStep
+from tracer.pytorch.step import TrainStep
 
 DEFAULT_HARDWARE = "a100-40gb-pcie4"
 DTYPES = tuple(DTYPE_BYTES)

@@ -48,7 +48,7 @@ def missing(gm) -> list[str]:
     """The ATen overloads (``aten::packet.overload``, sorted, once each) of a graph's
     nodes that have no CPU kernel even with the ones above installed: a graph with any
     cannot run on this machine (the runtime and the density measurement refuse it)."""
-    from tracer.node_identity import qualified
+    from tracer.pytorch.node_identity import qualified
     install()
     return sorted({qualified(n.target) for n in gm.graph.nodes
                    if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)

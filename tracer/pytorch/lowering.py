@@ -57,13 +57,13 @@ from dataclasses import dataclass, field
 
 from simulator.hardware import Hardware
 from simulator.profile import Op, OpNode, Tensor, TensorNode
-from tracer.capture import Capture
-from tracer.dtypes import dtype_name
-from tracer.node_identity import flat_tensors, is_random, node_values, overload_name, qualified, written_args
-from tracer.optim import state_names
+from tracer.pytorch.capture import Capture
+from tracer.pytorch.dtypes import dtype_name
+from tracer.pytorch.node_identity import flat_tensors, is_random, node_values, overload_name, qualified, written_args
+from tracer.pytorch.optim import state_names
 from tracer.roofline import kernel_time_us
-from tracer.splittable import split_rule
-from tracer.step import LOSS_MODULE, ROOT_MODULE, TrainStep
+from tracer.pytorch.splittable import split_rule
+from tracer.pytorch.step import LOSS_MODULE, ROOT_MODULE, TrainStep
 
 _ALLOC_ONLY = ("empty.memory_format", "empty_like.default", "empty_strided.default",
                "new_empty.default", "new_empty_strided.default", "empty.names")

@@ -22,7 +22,7 @@ _CUDA_DEVICE_TYPE = 1
 
 
 @dataclass(eq=False)
-class _Span:
+class Span:
     """A CPU operator or annotation (a complete event on a CPU thread)."""
     pos: int
     name: str
@@ -31,12 +31,12 @@ class _Span:
     end: float
     args: dict
     annotation: bool
-    parent: "_Span | None" = None
+    parent: "Span | None" = None
     children: list = field(default_factory=list)
 
 
 @dataclass(eq=False)
-class _Gpu:
+class GpuEvent:
     pos: int
     kind: str            # kernel, memcpy, memset
     dur: float
@@ -47,7 +47,7 @@ class _Gpu:
 
 
 @dataclass(eq=False)
-class _Mem:
+class MemEvent:
     pos: int
     thread: tuple
     ts: float
@@ -58,7 +58,7 @@ class _Mem:
 
 
 @dataclass
-class _Trace:
+class Trace:
     file: str
     spans: list
     runtimes: dict       # correlation -> (thread, ts)
@@ -77,7 +77,7 @@ class _Timeline:
         self.spans = spans
         self.starts = [s.start for s in spans]
 
-    def at(self, ts: float) -> "_Span | None":
+    def at(self, ts: float) -> "Span | None":
         """The span that contains ``ts`` (ends inclusive; the later one on a tie)."""
         k = bisect.bisect_right(self.starts, ts) - 1
         if k >= 0 and self.spans[k].start <= ts <= self.spans[k].end:
@@ -85,10 +85,10 @@ class _Timeline:
         return None
 
 
-_EMPTY = _Timeline([])
+EMPTY = _Timeline([])
 
 
-def _read_trace(document, file: str) -> _Trace:
+def read_trace(document, file: str) -> Trace:
     """Parse the events a profile needs; check their fields; nest the operators."""
     if isinstance(document, list):
         document = {"traceEvents": document}
@@ -100,7 +100,7 @@ def _read_trace(document, file: str) -> _Trace:
         raise InputError(file, "traceEvents", "missing: not a PyTorch profiler (Kineto) trace")
     if not isinstance(events, list):
         raise InputError(file, "traceEvents", "expected a list of events")
-    trace = _Trace(file=file, spans=[], runtimes={}, gpu=[], memory=[],
+    trace = Trace(file=file, spans=[], runtimes={}, gpu=[], memory=[],
                    devices=_device_names(document.get("deviceProperties")),
                    meta={k: document[k] for k in ("traceName", "schemaVersion")
                          if isinstance(document.get(k), (str, int))})
@@ -122,12 +122,12 @@ def _device_names(properties) -> dict:
     if isinstance(properties, list):
         for entry in properties:
             if isinstance(entry, dict) and isinstance(entry.get("name"), str) \
-                    and _is_int(entry.get("id")):
+                    and is_int(entry.get("id")):
                 names.setdefault(entry["id"], entry["name"])
     return names
 
 
-def _read_event(trace: _Trace, event: dict, i: int) -> None:
+def _read_event(trace: Trace, event: dict, i: int) -> None:
     """Keep one event if it is an operator, launch, GPU activity or memory event."""
     cat = event.get("cat")
     cat = cat.lower() if isinstance(cat, str) else ""
@@ -150,9 +150,9 @@ def _read_event(trace: _Trace, event: dict, i: int) -> None:
     dur = _number(event, "dur", file, where)
     if dur < 0:
         raise InputError(file, f"{where}.dur", f"negative duration {dur!r}")
-    thread = (_key(event.get("pid")), _key(event.get("tid")))
+    thread = (event_key(event.get("pid")), event_key(event.get("tid")))
     if cat in _GPU_CATS:
-        trace.gpu.append(_Gpu(i, _GPU_CATS[cat], dur, _int_or_none(args.get("device")),
+        trace.gpu.append(GpuEvent(i, _GPU_CATS[cat], dur, _int_or_none(args.get("device")),
                               _correlation(args, file, where), _external(args), name))
     elif cat in _RUNTIME_CATS:
         correlation = _correlation(args, file, where)
@@ -160,10 +160,10 @@ def _read_event(trace: _Trace, event: dict, i: int) -> None:
             trace.runtimes.setdefault(correlation, (thread, start))
     else:
         annotation = cat in _ANNOTATION_CATS or name.startswith(_ANNOTATION_PREFIXES)
-        trace.spans.append(_Span(i, name, thread, start, start + dur, args, annotation))
+        trace.spans.append(Span(i, name, thread, start, start + dur, args, annotation))
 
 
-def _read_memory(trace: _Trace, event: dict, i: int) -> None:
+def _read_memory(trace: Trace, event: dict, i: int) -> None:
     """Keep a CUDA ``[memory]`` event; check the fields it must have."""
     file, where = trace.file, f"traceEvents[{i}]"
     args = event.get("args")
@@ -172,19 +172,19 @@ def _read_memory(trace: _Trace, event: dict, i: int) -> None:
     if args.get("Device Type") != _CUDA_DEVICE_TYPE:
         return
     size = args.get("Bytes")
-    if not _is_int(size):
-        raise InputError(file, f"{where}.args.Bytes", f"expected an integer, got {_show(size)}")
+    if not is_int(size):
+        raise InputError(file, f"{where}.args.Bytes", f"expected an integer, got {show(size)}")
     addr = args.get("Addr")
-    if addr is not None and not _is_int(addr):
-        raise InputError(file, f"{where}.args.Addr", f"expected an integer, got {_show(addr)}")
+    if addr is not None and not is_int(addr):
+        raise InputError(file, f"{where}.args.Addr", f"expected an integer, got {show(addr)}")
     total = args.get("Total Allocated")
-    trace.memory.append(_Mem(i, (_key(event.get("pid")), _key(event.get("tid"))),
+    trace.memory.append(MemEvent(i, (event_key(event.get("pid")), event_key(event.get("tid"))),
                              _number(event, "ts", file, where),
                              _int_or_none(args.get("Device Id")), addr or None, size,
-                             total if _is_int(total) else None))
+                             total if is_int(total) else None))
 
 
-def _nest(trace: _Trace) -> None:
+def _nest(trace: Trace) -> None:
     """Nest the operators of each thread by time containment; index the top level."""
     by_thread: dict = {}
     for span in trace.spans:
@@ -194,7 +194,7 @@ def _nest(trace: _Trace) -> None:
         if external is not None and not span.annotation:
             trace.by_external.setdefault(external, span)
     for thread, spans in by_thread.items():
-        spans.sort(key=_span_order)
+        spans.sort(key=span_order)
         stack: list = []
         top = []
         for span in spans:
@@ -209,17 +209,17 @@ def _nest(trace: _Trace) -> None:
         trace.top[thread] = _Timeline(top)
 
 
-def _span_order(span: _Span):
+def span_order(span: Span):
     return (span.start, -(span.end - span.start), span.pos)
 
 
-def _top_of(span: _Span) -> _Span:
+def top_of(span: Span) -> Span:
     while span.parent is not None:
         span = span.parent
     return span
 
 
-def _innermost(span: _Span, ts: float) -> _Span:
+def innermost(span: Span, ts: float) -> Span:
     while True:
         child = _Timeline(span.children).at(ts)
         if child is None:
@@ -230,16 +230,16 @@ def _innermost(span: _Span, ts: float) -> _Span:
 def _number(event: dict, key: str, file: str, where: str) -> float:
     value = event.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InputError(file, f"{where}.{key}", f"expected a number, got {_show(value)}")
+        raise InputError(file, f"{where}.{key}", f"expected a number, got {show(value)}")
     return value
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _int_or_none(value):
-    return value if _is_int(value) else None
+    return value if is_int(value) else None
 
 
 def _correlation(args: dict, file: str, where: str):
@@ -247,36 +247,36 @@ def _correlation(args: dict, file: str, where: str):
     string of digits or a float (some exporters do); any other value is an error rather
     than an event silently left out of its op's time."""
     value = args.get("correlation")
-    if value is None or _is_int(value):
+    if value is None or is_int(value):
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         return int(value.strip())
     raise InputError(file, f"{where}.args.correlation",
-                     f"expected a whole number (the id linking a GPU event to its launch), got {_show(value)}")
+                     f"expected a whole number (the id linking a GPU event to its launch), got {show(value)}")
 
 
-def _int_or(value, default: int) -> int:
-    return value if _is_int(value) else default
+def int_or(value, default: int) -> int:
+    return value if is_int(value) else default
 
 
 def _external(args: dict):
     value = args.get("External id", args.get("external id"))
-    return value if _is_int(value) else None
+    return value if is_int(value) else None
 
 
-def _key(value):
+def event_key(value):
     """A pid or tid as a hashable, orderable key (traces use numbers or strings)."""
-    if _is_int(value):
+    if is_int(value):
         return value
     return str(value)
 
 
-def _thread_order(thread: tuple) -> tuple:
+def thread_order(thread: tuple) -> tuple:
     return tuple(str(part) for part in thread)
 
 
-def _show(value) -> str:
+def show(value) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tracer.dtypes import torch_dtype
-from tracer.optim import state_names
+from tracer.pytorch.dtypes import torch_dtype
+from tracer.pytorch.optim import state_names
 
 
 @dataclass

@@ -132,11 +132,10 @@ The result is deterministic (same files, same profile, byte for byte) and valida
 where, problem)``. ``source.origin`` names the public origin and licence of traces it
 recognises by their sha256 (the VGG13 files of sarchlab/triosim, MIT).
 
-Modules, one step each: ``tracer._kineto_read`` (the trace's events, nested by thread),
-``tracer._kineto_iteration`` (the window and its ops), ``tracer._kineto_memory``
-(allocations paired with frees, lifetimes, workspaces), ``tracer._kineto_et`` (the
-Execution Trace and its join), ``tracer._kineto_split`` (ops split at kernel launches),
-``tracer._kineto_assemble`` (the profile's data).
+Modules of tracer/kineto/, one step each: ``read`` (the trace's events, nested by thread),
+``iteration`` (the window and its ops), ``memory`` (allocations paired with frees,
+lifetimes, workspaces), ``et`` (the Execution Trace and its join), ``split`` (ops split at
+kernel launches), ``assemble`` (the profile's data); this module runs them in turn.
 """
 from __future__ import annotations
 
@@ -147,11 +146,11 @@ from simulator.errors import InputError
 from simulator.files import read_document
 from simulator.profile import Profile, profile_from_dict
 
-from tracer._kineto_read import _read_trace, _show
-from tracer._kineto_iteration import _build_iteration
-from tracer._kineto_et import _dataflow, _read_et
-from tracer._kineto_assemble import _assemble
-from tracer._kineto_split import _split
+from .assemble import assemble
+from .et import dataflow, read_et
+from .iteration import build_iteration
+from .read import read_trace, show
+from .split import split_at_kernels
 
 __all__ = ["import_kineto", "peak_fidelity", "PeakFidelity"]
 
@@ -168,27 +167,27 @@ def import_kineto(trace_path, et_path=None, iteration=None, name=None, split=Tru
     """
     for label, path in (("trace_path", trace_path), ("et_path", et_path)):
         if not (isinstance(path, (str, os.PathLike)) or (path is None and label == "et_path")):
-            raise InputError("<argument>", label, f"expected a file path, got {_show(path)}")
+            raise InputError("<argument>", label, f"expected a file path, got {show(path)}")
     file = str(trace_path)
     step = _check_iteration(iteration)
     if name is not None and (not isinstance(name, str) or not name):
         raise InputError("<argument>", "name", "expected a non-empty string")
     if not isinstance(split, bool):
-        raise InputError("<argument>", "split", f"expected True or False, got {_show(split)}")
+        raise InputError("<argument>", "split", f"expected True or False, got {show(split)}")
     trace_data = read_document(trace_path, formats=("json",))
     et_data = read_document(et_path, formats=("json",)) if et_path is not None else None
     try:
-        trace = _read_trace(trace_data, file)
-        et = _read_et(et_data, str(et_path)) if et_path is not None else None
+        trace = read_trace(trace_data, file)
+        et = read_et(et_data, str(et_path)) if et_path is not None else None
         if not trace.memory and et is None:
             raise InputError(file, "traceEvents", "no CUDA [memory] events (recorded with "
                                                   "torch.profiler.profile(profile_memory=True)) and no "
                                                   "--et: the profile would hold no tensors, nothing to plan")
-        chosen = _build_iteration(trace, step)
-        flow = _dataflow(chosen, et, trace) if et is not None else None
+        chosen = build_iteration(trace, step)
+        flow = dataflow(chosen, et, trace) if et is not None else None
         if split:
-            _split(chosen, flow)
-        data = _assemble(chosen, flow, trace, trace_path, et_path, name)
+            split_at_kernels(chosen, flow)
+        data = assemble(chosen, flow, trace, trace_path, et_path, name)
     except InputError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError, IndexError,

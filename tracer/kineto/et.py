@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from simulator.errors import InputError
 
-from tracer._kineto_read import _Trace, _int_or, _is_int, _key, _show, _span_order
-from tracer._kineto_memory import _Alloc, _in_window
-from tracer._kineto_iteration import _Iteration, _Op, _STEP
+from .iteration import STEP_PATTERN, Iteration, TraceOp
+from .memory import Alloc, within_window
+from .read import Trace, event_key, int_or, is_int, show, span_order
 
 
 _BLOCK = 512                  # the caching allocator's rounding
@@ -59,7 +59,7 @@ _DTYPES = {"float": "fp32", "double": "fp64", "c10::Half": "fp16", "c10::BFloat1
            "unsigned char": "uint8", "bool": "bool"}
 
 
-def _read_et(document, file: str) -> _Et:
+def read_et(document, file: str) -> _Et:
     """Parse an Execution Trace (schema 1.0.1, or 1.0.2+ with ctrl_deps and attrs)."""
     if not isinstance(document, dict):
         raise InputError(file, "", "expected a JSON object (a PyTorch Execution Trace)")
@@ -89,8 +89,8 @@ def _read_node(raw, file: str, i: int) -> _Node | None:
         raise InputError(file, where, "expected an object")
     attrs = _node_attrs(raw, file, where)
     node_id, name = raw.get("id"), raw.get("name")
-    if not _is_int(node_id):
-        raise InputError(file, f"{where}.id", f"expected an integer, got {_show(node_id)}")
+    if not is_int(node_id):
+        raise InputError(file, f"{where}.id", f"expected an integer, got {show(node_id)}")
     if not isinstance(name, str):
         raise InputError(file, f"{where}.name", "expected a string")
     if _ET_ROOT.match(name):
@@ -106,8 +106,8 @@ def _read_node(raw, file: str, i: int) -> _Node | None:
             kind = types[position] if position < len(types) else None
             refs.extend(_tensor_refs(value, shape, kind, output,
                                      not output and position in mutable))
-    return _Node(node_id, name, parent if _is_int(parent) else None, attrs.get("tid"),
-                 _int_or(attrs.get("seq_id"), -1), _int_or(attrs.get("rf_id"), 0), refs)
+    return _Node(node_id, name, parent if is_int(parent) else None, attrs.get("tid"),
+                 int_or(attrs.get("seq_id"), -1), int_or(attrs.get("rf_id"), 0), refs)
 
 
 def _node_attrs(raw: dict, file: str, where: str) -> dict:
@@ -144,7 +144,7 @@ def _arguments(raw: dict, key: str, file: str, where: str):
 def _is_tensor(value) -> bool:
     """A tensor argument: (tensor id, storage id, offset, elements, element size, device)."""
     return (isinstance(value, list) and len(value) == 6 and isinstance(value[5], str)
-            and all(_is_int(v) for v in value[:5]))
+            and all(is_int(v) for v in value[:5]))
 
 
 def _tensor_refs(value, shape, kind, output: bool, mutable: bool, depth: int = 0):
@@ -154,7 +154,7 @@ def _tensor_refs(value, shape, kind, output: bool, mutable: bool, depth: int = 0
     if _is_tensor(value):
         _, storage, offset, count, size, device = value
         dtypes = re.findall(r"Tensor\(([^)]*)\)", kind) if isinstance(kind, str) else []
-        dims = shape if isinstance(shape, list) and all(_is_int(d) and d >= 0
+        dims = shape if isinstance(shape, list) and all(is_int(d) and d >= 0
                                                         for d in shape) else None
         return [_Ref(storage, max(0, (offset + count) * size), device, output, mutable,
                      dims, _DTYPES.get(dtypes[0]) if dtypes else None)]
@@ -190,16 +190,16 @@ def _mutable_arguments(schema: str) -> set:
 # ---------------------------------------------------------------------------- join
 
 
-def _join(iteration: _Iteration, et: _Et, trace: _Trace):
+def _join(iteration: Iteration, et: _Et, trace: Trace):
     """Map spans to ET nodes, ``id(span) -> (span, node)``, and say how; check that the
     files are of the same run and iteration."""
-    if _is_int(et.pid):
+    if is_int(et.pid):
         pids = {s.thread[0] for s in trace.spans if not s.annotation}
-        if _key(et.pid) not in pids and all(isinstance(p, int) for p in pids):
+        if event_key(et.pid) not in pids and all(isinstance(p, int) for p in pids):
             raise InputError(et.file, "pid", f"the ET is of process {et.pid}, the trace of "
                              f"{', '.join(str(p) for p in sorted(pids))}: not the same run")
-    spans = [s for s in trace.spans if _in_window(s.start, iteration.window)
-             and not _STEP.match(s.name)]
+    spans = [s for s in trace.spans if within_window(s.start, iteration.window)
+             and not STEP_PATTERN.match(s.name)]
     pairs, how = _join_by_rf_id(spans, et), "rf_id"
     if not pairs:
         pairs, how = _join_by_order(spans, et), "name and order"
@@ -209,7 +209,7 @@ def _join(iteration: _Iteration, et: _Et, trace: _Trace):
                          f"{len(iteration.ops)} GPU operators found (same run and iteration?)")
     compared = differ = 0
     for span, node in pairs.values():
-        seq = _int_or(span.args.get("Sequence number"), -1)
+        seq = int_or(span.args.get("Sequence number"), -1)
         if seq >= 0 and node.seq >= 0:
             compared += 1
             differ += seq != node.seq
@@ -223,7 +223,7 @@ def _join_by_rf_id(spans: list, et: _Et) -> dict:
     by_rf = {n.rf: n for n in et.nodes.values() if n.rf > 0}
     pairs = {}
     for span in spans:
-        rf = _int_or(span.args.get("Record function id"), 0)
+        rf = int_or(span.args.get("Record function id"), 0)
         if rf > 0 and rf in by_rf and by_rf[rf].name == span.name:
             pairs[id(span)] = (span, by_rf[rf])
     return pairs
@@ -232,11 +232,11 @@ def _join_by_rf_id(spans: list, et: _Et) -> dict:
 def _join_by_order(spans: list, et: _Et) -> dict:
     """Align each Kineto thread with the ET thread whose names match it best."""
     kineto: dict = {}
-    for span in sorted(spans, key=_span_order):
+    for span in sorted(spans, key=span_order):
         kineto.setdefault(span.thread, []).append(span)
     threads: dict = {}
     for node in sorted(et.nodes.values(), key=lambda n: n.id):
-        threads.setdefault(_key(node.tid), []).append(node)
+        threads.setdefault(event_key(node.tid), []).append(node)
     scored = []
     for kt, kspans in kineto.items():
         for et_tid, nodes in threads.items():
@@ -265,21 +265,21 @@ def _blocks(a: list, b: list):
 
 
 @dataclass
-class _Flow:
+class Flow:
     """The ET's dataflow: per op, what it reads and updates, in first-touch order."""
-    reads: dict              # op index -> {key: _Alloc or persistent record}
-    updates: dict            # op index -> {key: _Alloc or persistent record}
+    reads: dict              # op index -> {key: Alloc or persistent record}
+    updates: dict            # op index -> {key: Alloc or persistent record}
     persistent: list         # records: id, storage, bytes, kind, shape, dtype, ...
     stats: dict
 
 
-def _dataflow(iteration: _Iteration, et: _Et, trace: _Trace) -> _Flow:
+def dataflow(iteration: Iteration, et: _Et, trace: Trace) -> Flow:
     """Which tensors each op reads and updates, and the persistent tensors, from the ET."""
     pairs, how = _join(iteration, et, trace)
     ops = iteration.ops
     device = iteration.device
     by_addr = _allocations_by_address(iteration.allocations)
-    binding: dict = {}                                     # storage -> _Alloc
+    binding: dict = {}                                     # storage -> Alloc
     persistent: dict = {}                                  # storage -> info
     reads: dict = {}
     updates: dict = {}
@@ -316,7 +316,7 @@ def _dataflow(iteration: _Iteration, et: _Et, trace: _Trace) -> _Flow:
     stats["persistent_bytes"] = sum(p["bytes"] for p in infos)
     stats["reads"] = sum(len(v) for v in reads.values())
     stats["updates"] = sum(len(v) for v in updates.values())
-    return _Flow(reads, updates, infos, stats)
+    return Flow(reads, updates, infos, stats)
 
 
 def _touched(node: _Node, device) -> dict:
@@ -352,7 +352,7 @@ def _on_device(device: str, index) -> bool:
     return index is None or not number.isdigit() or int(number) == index
 
 
-def _bind(op: _Op, storage, touch: dict, binding: dict, claimed: set) -> bool:
+def _bind(op: TraceOp, storage, touch: dict, binding: dict, claimed: set) -> bool:
     """A storage first met as an output claims the op's next allocation that fits it."""
     if not touch["first_output"]:
         return False
@@ -394,7 +394,7 @@ def _resolve(storage, binding: dict, by_addr: dict, k: int):
     return None
 
 
-def _live_at(alloc: _Alloc, k: int) -> bool:
+def _live_at(alloc: Alloc, k: int) -> bool:
     return alloc.producer is not None and alloc.producer <= k <= alloc.last
 
 

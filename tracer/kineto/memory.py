@@ -8,14 +8,14 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from tracer._kineto_read import _EMPTY, _Mem, _Trace, _innermost
+from .read import EMPTY, MemEvent, Trace, innermost
 
 OUTSIDE = "(outside operators)"     # the namer of an allocation made outside every op
 
 
 @dataclass(eq=False)
-class _Alloc:
-    event: _Mem
+class Alloc:
+    event: MemEvent
     free_ts: float | None = None      # None: not freed in the window
     producer: int | None = None       # index into ops
     last: int | None = None
@@ -28,11 +28,11 @@ class _Alloc:
     inner: bool = False               # allocated and freed by the kernels of one split op
 
 
-def _in_window(ts: float, window) -> bool:
+def within_window(ts: float, window) -> bool:
     return window is None or window[0] <= ts < window[1]
 
 
-def _pair_memory(trace: _Trace, device, window):
+def pair_memory(trace: Trace, device, window):
     """Pair allocations with frees (same Addr, next in time) on the kernels' device.
 
     Pairs over the whole trace; returns the allocations made in the window (a free
@@ -49,7 +49,7 @@ def _pair_memory(trace: _Trace, device, window):
     for m in events:
         key = m.addr if with_addr else abs(m.bytes)
         if m.bytes > 0:
-            alloc = _Alloc(m)
+            alloc = Alloc(m)
             pairs.append(alloc)
             waiting.setdefault(key, []).append(alloc)
             continue
@@ -57,13 +57,13 @@ def _pair_memory(trace: _Trace, device, window):
         alloc = opened.pop() if opened else None
         if alloc is not None:
             alloc.free_ts, alloc.free_pos = m.ts, m.pos
-        if _in_window(m.ts, window) and (alloc is None or not _in_window(alloc.event.ts, window)):
+        if within_window(m.ts, window) and (alloc is None or not within_window(alloc.event.ts, window)):
             cut_frees.append(m)
-    chosen = [a for a in pairs if _in_window(a.event.ts, window)]
+    chosen = [a for a in pairs if within_window(a.event.ts, window)]
     for alloc in chosen:
-        if alloc.free_ts is not None and not _in_window(alloc.free_ts, window):
+        if alloc.free_ts is not None and not within_window(alloc.free_ts, window):
             alloc.free_ts = alloc.free_pos = None
-    in_window = [m for m in events if _in_window(m.ts, window)]
+    in_window = [m for m in events if within_window(m.ts, window)]
     stats = {"paired_by": "Addr" if with_addr else "size (the trace has no Addr)",
              "events": len(in_window), "frees_before_window": len(cut_frees),
              "outlive_window": sum(1 for a in chosen if a.free_ts is None)}
@@ -82,19 +82,19 @@ def _trace_totals(events: list) -> dict:
             "trace_peak_minus_baseline_bytes": peak - baseline}
 
 
-def _place_allocations(trace: _Trace, ops: list, allocations: list) -> None:
+def place_allocations(trace: Trace, ops: list, allocations: list) -> None:
     """Give each allocation its producer (containing op) and last use (op before free)."""
     index = {id(op.span): k for k, op in enumerate(ops)}
     starts = [op.span.start for op in ops]
     for alloc in allocations:
         m = alloc.event
-        span = trace.top.get(m.thread, _EMPTY).at(m.ts)
+        span = trace.top.get(m.thread, EMPTY).at(m.ts)
         k = index.get(id(span)) if span is not None else None
         if k is None:                               # outside every kept op: the next one
             k = min(bisect.bisect_left(starts, m.ts), len(ops) - 1)
             alloc.namer = OUTSIDE
         else:
-            alloc.namer = _innermost(span, m.ts).name
+            alloc.namer = innermost(span, m.ts).name
         alloc.producer = k
         if alloc.free_ts is None:
             alloc.last = len(ops) - 1
@@ -104,7 +104,7 @@ def _place_allocations(trace: _Trace, ops: list, allocations: list) -> None:
         ops[k].allocations.append(alloc)
 
 
-def _workspaces(ops: list) -> None:
+def set_workspaces(ops: list) -> None:
     """An op's workspace: the peak of the running sum of its temporaries."""
     for op in ops:
         steps = []

@@ -8,13 +8,13 @@ each op its phase.
 Mixed precision (``amp="fp16"`` / ``"bf16"``)
 ---------------------------------------------
 Parameters, floating buffers and floating inputs are in the amp dtype; the forward runs
-under autocast with CUDA's op lists (:mod:`tracer.autocast`; the CPU's with
+under autocast with CUDA's op lists (:mod:`tracer.pytorch.autocast`; the CPU's with
 ``gpu_kernels=False``); gradients come out in their parameter's dtype. The optimizer
 state is fp32 and starts with a master copy of each parameter (``<param>.master``,
 ``optimizer_state``), then AdamW's moments (or SGD's momentum): 16 bytes per parameter
 with AdamW. :meth:`TrainStep._amp_step` steps parameter by parameter, in three parts
 that become three consecutive profile ops per parameter (graph nodes annotated with
-``optim_slot`` / ``optim_part``, merged in :func:`tracer.lowering._finish`):
+``optim_slot`` / ``optim_part``, merged in :func:`tracer.pytorch.lowering._finish`):
 
 - ``optim::<optimizer>_foreach``: inputs ``<param>.grad`` (low precision), updates
   the master and the moments; its kernels are the single-tensor ones
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import contextlib
 
-from tracer.kernel_choice import autocast_for, make_gpu_kernels_mode
-from tracer.optim import LOSS_SCALE, adamw_foreach, adamw_master, sgd_foreach, sgd_master
+from tracer.pytorch.kernel_choice import autocast_for, make_gpu_kernels_mode
+from tracer.pytorch.optim import LOSS_SCALE, adamw_foreach, adamw_master, sgd_foreach, sgd_master
 
 ROOT_MODULE = "model"
 LOSS_MODULE = "loss"

@@ -13,11 +13,11 @@ from simulator.errors import InputError
 from simulator.files import read_bytes
 from simulator.profile import FORMAT
 
-from tracer._kineto_read import _Trace
-from tracer._kineto_iteration import _Iteration
-from tracer._kineto_et import _Flow
-from tracer._kineto_memory import OUTSIDE
-from tracer._kineto_split import op_starts
+from .et import Flow
+from .iteration import Iteration
+from .memory import OUTSIDE
+from .read import Trace
+from .split import op_starts
 
 
 # Public traces recognised by the sha256 of their (decompressed) text, so that the
@@ -34,7 +34,7 @@ _KNOWN_FILES = {
 }
 
 
-def _assemble(iteration: _Iteration, flow: "_Flow | None", trace: _Trace,
+def assemble(iteration: Iteration, flow: "Flow | None", trace: Trace,
               trace_path, et_path, name) -> dict:
     """The profile as JSON data (validated by the caller)."""
     tensors = [_persistent_tensor(p) for p in (flow.persistent if flow else [])]
@@ -112,7 +112,7 @@ class _PreWindow:
         return "; ".join(parts)
 
 
-def _pre_window(iteration: _Iteration) -> "_PreWindow | None":
+def _pre_window(iteration: Iteration) -> "_PreWindow | None":
     """Split ``trace_baseline_bytes`` by when (if ever) the window frees those bytes."""
     baseline = iteration.stats["memory"].get("trace_baseline_bytes")
     if not baseline or baseline <= 0 or not iteration.ops:
@@ -141,7 +141,7 @@ def _persistent_tensor(info: dict) -> dict:
     return tensor
 
 
-def _op_entries(iteration: _Iteration, flow: _Flow | None):
+def _op_entries(iteration: Iteration, flow: Flow | None):
     """One entry per kept op, and how many uses were added only to keep a lifetime.
 
     Inputs and updates are the ET's reads and in-place writes; a piece of a split op also
@@ -186,7 +186,7 @@ def _op_entries(iteration: _Iteration, flow: _Flow | None):
     return entries, retention
 
 
-def _source(iteration: _Iteration, flow, trace: _Trace, trace_path, et_path,
+def _source(iteration: Iteration, flow, trace: Trace, trace_path, et_path,
             retention: int) -> dict:
     names = [f"{Path(trace_path).name} (PyTorch profiler Kineto trace: GPU kernel times, "
              "[memory] events)"]
@@ -219,7 +219,7 @@ def _source(iteration: _Iteration, flow, trace: _Trace, trace_path, et_path,
     return source
 
 
-def _ops_source(iteration: _Iteration) -> dict:
+def _ops_source(iteration: Iteration) -> dict:
     """How many top-level ops the window had, kept, and split into kernel ops."""
     split = iteration.stats.get("split")
     kept = split["kept"] if split else len(iteration.ops)
@@ -233,7 +233,7 @@ def _ops_source(iteration: _Iteration) -> dict:
     return ops
 
 
-def _memory_source(iteration: _Iteration) -> dict:
+def _memory_source(iteration: Iteration) -> dict:
     allocations = iteration.allocations
     memory = dict(iteration.stats["memory"])
     memory.update(allocations=len(allocations),
@@ -249,13 +249,13 @@ def _origins(trace_path, et_path) -> list:
     for path in (trace_path, et_path):
         if path is None:
             continue
-        known = _KNOWN_FILES.get(_text_sha256(path))
+        known = _KNOWN_FILES.get(text_sha256(path))
         if known is not None:
             origins.append(dict(known, file=Path(path).name))
     return origins
 
 
-def _text_sha256(path) -> str | None:
+def text_sha256(path) -> str | None:
     """sha256 of a file's text (gunzipped if ``.gz``); None if it cannot be read."""
     try:
         raw = read_bytes(path)   # a regular file only, gunzipped if .gz, within the input size limit

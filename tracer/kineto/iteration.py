@@ -10,26 +10,26 @@ from dataclasses import dataclass, field
 
 from simulator.errors import InputError
 
-from tracer._kineto_read import _EMPTY, _Gpu, _Span, _Trace, _thread_order, _top_of
-from tracer._kineto_memory import _in_window, _pair_memory, _place_allocations, _workspaces
+from .memory import pair_memory, place_allocations, set_workspaces, within_window
+from .read import EMPTY, GpuEvent, Span, Trace, thread_order, top_of
 
 
-_STEP = re.compile(r"ProfilerStep#(\d+)$")
+STEP_PATTERN = re.compile(r"ProfilerStep#(\d+)$")
 _BACKWARD_NAME = re.compile(r"(^autograd::engine::evaluate_function)|(Backward\d*$)")
 _EVALUATE = "autograd::engine::evaluate_function"
 
 
 @dataclass(eq=False)
-class _Op:
-    span: _Span
+class TraceOp:
+    span: Span
     phase: str = "other"
     time_us: float = 0.0
     gpu_events: int = 0
-    allocations: list = field(default_factory=list)   # _Alloc produced here
+    allocations: list = field(default_factory=list)   # Alloc produced here
     workspace: int = 0
-    launches: list = field(default_factory=list)      # (launch ts, _Gpu), known launches
+    launches: list = field(default_factory=list)      # (launch ts, GpuEvent), known launches
     unlaunched: int = 0         # GPU events found by External id: launch time unknown
-    label: str | None = None    # a kernel piece's name (tracer._kineto_split)
+    label: str | None = None    # a kernel piece's name (split.py)
     begin: float | None = None  # a kernel piece's start: its launch
     inner: list = field(default_factory=list)   # a piece's tensors of its own op, allocated earlier
 
@@ -43,33 +43,33 @@ class _Op:
 
 
 @dataclass
-class _Iteration:
+class Iteration:
     step: int | None
     window: tuple | None          # (start, end) or None for the whole trace
     device: int | None
-    ops: list                     # kept _Op, in execution order
-    allocations: list             # _Alloc made in the window, in time order
+    ops: list                     # kept TraceOp, in execution order
+    allocations: list             # Alloc made in the window, in time order
     stats: dict
-    pre_frees: list = field(default_factory=list)   # _Mem frees of pre-window buffers
+    pre_frees: list = field(default_factory=list)   # MemEvent frees of pre-window buffers
 
 
-def _build_iteration(trace: _Trace, step: int | None) -> _Iteration:
+def build_iteration(trace: Trace, step: int | None) -> Iteration:
     """Choose the iteration; keep its ops with their GPU time, phases and memory."""
     device = _main_device(trace)
     steps = _steps(trace)
     step, window = _choose_window(trace, steps, step, device)
     candidates = _ops_in_window(trace, window)
     gpu_stats = _attach_gpu(trace, candidates, device)
-    allocations, pre_frees, mem_stats = _pair_memory(trace, device, window)
+    allocations, pre_frees, mem_stats = pair_memory(trace, device, window)
     ops = _keep_ops(trace, candidates, allocations, step)
     _set_phases(trace, ops)
-    _place_allocations(trace, ops, allocations)
-    _workspaces(ops)
+    place_allocations(trace, ops, allocations)
+    set_workspaces(ops)
     stats = {"gpu": gpu_stats, "memory": mem_stats, "top_level_ops": len(candidates)}
-    return _Iteration(step, window, device, ops, allocations, stats, pre_frees)
+    return Iteration(step, window, device, ops, allocations, stats, pre_frees)
 
 
-def _main_device(trace: _Trace) -> int | None:
+def _main_device(trace: Trace) -> int | None:
     """The GPU that ran most kernel time (its memory events are the ones modelled)."""
     busy: dict = {}
     for g in trace.gpu:
@@ -77,16 +77,16 @@ def _main_device(trace: _Trace) -> int | None:
     return max(sorted(busy, key=lambda d: (d is None, d)), key=busy.__getitem__)
 
 
-def _steps(trace: _Trace) -> dict:
+def _steps(trace: Trace) -> dict:
     steps: dict = {}
     for span in trace.spans:
-        match = _STEP.match(span.name)
+        match = STEP_PATTERN.match(span.name)
         if match:
             steps.setdefault(int(match.group(1)), span)
     return steps
 
 
-def _choose_window(trace: _Trace, steps: dict, step: int | None, device):
+def _choose_window(trace: Trace, steps: dict, step: int | None, device):
     """The ProfilerStep#N span to import: asked for, or the last complete one."""
     file = trace.file
     if not steps:
@@ -115,19 +115,19 @@ def _list_steps(steps: dict) -> str:
     return shown + (f", ... {numbers[-1]}" if len(numbers) > 8 else "")
 
 
-def _launch_counts(trace: _Trace, device) -> dict:
+def _launch_counts(trace: Trace, device) -> dict:
     """GPU events launched by each top-level operator, ``id(span) -> count``."""
     counts: dict = {}
     for g in trace.gpu:
         if device is None or g.device is None or g.device == device:
             span, _ = _launcher(trace, g)
             if span is not None:
-                top = id(_top_of(span))
+                top = id(top_of(span))
                 counts[top] = counts.get(top, 0) + 1
     return counts
 
 
-def _is_complete(trace: _Trace, step: _Span, launched: dict, backward: bool) -> bool:
+def _is_complete(trace: Trace, step: Span, launched: dict, backward: bool) -> bool:
     """A step launched GPU work, and ran a backward pass if the trace has one anywhere."""
     ops = _ops_in_window(trace, (step.start, step.end))
     if backward and not any(_BACKWARD_NAME.search(op.span.name) for op in ops):
@@ -135,14 +135,14 @@ def _is_complete(trace: _Trace, step: _Span, launched: dict, backward: bool) -> 
     return any(launched.get(id(op.span)) for op in ops)
 
 
-def _ops_in_window(trace: _Trace, window) -> list:
+def _ops_in_window(trace: Trace, window) -> list:
     """The top-level operators that start in the window, in merged time order."""
-    spans = [s for top in trace.top.values() for s in top.spans if _in_window(s.start, window)]
-    spans.sort(key=lambda s: (s.start, _thread_order(s.thread), s.pos))
-    return [_Op(s) for s in spans]
+    spans = [s for top in trace.top.values() for s in top.spans if within_window(s.start, window)]
+    spans.sort(key=lambda s: (s.start, thread_order(s.thread), s.pos))
+    return [TraceOp(s) for s in spans]
 
 
-def _attach_gpu(trace: _Trace, ops: list, device) -> dict:
+def _attach_gpu(trace: Trace, ops: list, device) -> dict:
     """Sum each op's GPU time (kernels, memcpys, memsets launched on its behalf)."""
     index = {id(op.span): op for op in ops}
     counts = {"kernels": 0, "memcpys": 0, "memsets": 0, "time_us": 0.0,
@@ -154,7 +154,7 @@ def _attach_gpu(trace: _Trace, ops: list, device) -> dict:
         if span is None:
             counts["unattributed_in_trace"] += 1
             continue
-        op = index.get(id(_top_of(span)))
+        op = index.get(id(top_of(span)))
         if op is None:
             continue                      # another iteration
         counts[g.kind + "s"] += 1
@@ -170,12 +170,12 @@ def _attach_gpu(trace: _Trace, ops: list, device) -> dict:
     return counts
 
 
-def _launcher(trace: _Trace, g: _Gpu):
+def _launcher(trace: Trace, g: GpuEvent):
     """The operator that launched a GPU event, and how it was found."""
     launch = trace.runtimes.get(g.correlation) if g.correlation is not None else None
     if launch is not None:
         thread, ts = launch
-        span = trace.top.get(thread, _EMPTY).at(ts)
+        span = trace.top.get(thread, EMPTY).at(ts)
         return (span, "correlation") if span is not None else (None, None)
     if g.external is not None:
         span = trace.by_external.get(g.external)
@@ -184,12 +184,12 @@ def _launcher(trace: _Trace, g: _Gpu):
     return None, None
 
 
-def _keep_ops(trace: _Trace, candidates: list, allocations: list, step) -> list:
+def _keep_ops(trace: Trace, candidates: list, allocations: list, step) -> list:
     """Keep the ops with GPU work or device allocations in their span."""
     index = {id(op.span): op for op in candidates}
     holders = set()
     for alloc in allocations:
-        span = trace.top.get(alloc.event.thread, _EMPTY).at(alloc.event.ts)
+        span = trace.top.get(alloc.event.thread, EMPTY).at(alloc.event.ts)
         if span is not None and id(span) in index:
             holders.add(id(span))
     ops = [op for op in candidates if op.gpu_events or id(op.span) in holders]
@@ -200,7 +200,7 @@ def _keep_ops(trace: _Trace, candidates: list, allocations: list, step) -> list:
     return ops
 
 
-def _set_phases(trace: _Trace, ops: list) -> None:
+def _set_phases(trace: Trace, ops: list) -> None:
     """forward / backward / optimizer / other, from threads, names and annotations.
 
     The autograd thread is one whose first op runs a backward node; when the backward
