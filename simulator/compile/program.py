@@ -734,7 +734,7 @@ class _Compiler:
         self.incoming[tid] = before_item
         if before_item >= 0:
             self.incoming_at.setdefault(before_item, []).append(tid)
-            # the first item of the before op's group waits; the rest of the group runs after it
+            # R6: the first item of the before op's group waits; the rest of the group runs after it
             self.waits.setdefault(before_item, []).append(transfer)
         self.transfers.append(transfer)
         sink.append(transfer)

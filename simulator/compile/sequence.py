@@ -69,7 +69,8 @@ def build_sequence(profile: Profile, op_ps, order: list[str], recomputes: dict[s
                    workspace: dict[int, int] | None = None) -> Sequence:
     """R5 and R8: for each op of ``order``, its decodes (R41, R42), its recomputes (tensor
     ids, plan order; each holds its producer's workspace and the other outputs the re-run
-    makes, R15), then the op and its encodes. Every recomputed tensor must have a
+    makes, R15), then the op and its encodes; each item allocates its outputs and its
+    workspace together when it starts (R6). Every recomputed tensor must have a
     producer (checked by the caller). Codec items are not uses (R8): their tensor's
     last use stays that of the ops. ``op_ps`` and ``workspace`` (op position -> bytes)
     give the variants a plan chose (R52)."""

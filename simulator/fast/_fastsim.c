@@ -678,6 +678,7 @@ static void flow_start(Run *r, int q) {
 
 /* ---------------------------------------------------------------- memory and tiers */
 
+/* R4: the peak is noted as memory is allocated, after the instant's frees (R9). */
 static void note_peak(Run *r) {
     if (r->used > r->peak) { r->peak = r->used; r->peak_at = r->now; }
 }

@@ -47,7 +47,7 @@ def check_splits(profile: Profile, splits: dict, file: str = "<plan>") -> None:
 
 
 def sliced_tensors(profile: Profile, splits: dict) -> dict[str, int]:
-    """Tensor id -> k for the tensors the splits slice: made by an op split k ways, read
+    """R54: tensor id -> k for the tensors the splits slice: made by an op split k ways, read
     by at least one op, read and updated only by ops split k ways (chunk j reading or
     updating slice j: an in-place ReLU), not persistent, not 0-d."""
     out = {}
@@ -88,7 +88,7 @@ def _along_the_split(profile: Profile, op: Op, tensor: Tensor) -> bool:
 
 
 def split_profile(profile: Profile, splits: dict, file: str = "<plan>") -> Profile:
-    """The profile a plan with ``splits`` runs (the module docstring); ``profile`` itself
+    """R54: the profile a plan with ``splits`` runs (the module docstring); ``profile`` itself
     when there are none. InputError as ``check_splits``, or when a chunk's id is taken."""
     if not splits:
         return profile

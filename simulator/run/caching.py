@@ -131,8 +131,8 @@ class CachingAllocator:
         return True
 
     def free(self, owner: str) -> None:
-        """The owner's block goes back to the cache, merged with the free blocks beside it
-        in its segment (never with another segment's)."""
+        """R55: the owner's block goes back to the cache, merged with the free blocks beside
+        it in its segment (never with another segment's)."""
         spot = self.held.get(owner)
         if spot is None:
             return
@@ -189,7 +189,7 @@ class CachingAllocator:
         return segment, 0
 
     def _map(self, pool: str, size: int) -> tuple[Segment, int] | None:
-        """Expandable: the lowest unmapped range that, with the free block just before it
+        """R55, expandable: the lowest unmapped range that, with the free block just before it
         and whatever free or unmapped blocks follow, holds ``size``; its pages are mapped
         as far as ``size`` needs (whole pages) and merged with the free blocks beside
         them into one free block, returned. None when the pages would pass the budget."""
@@ -230,7 +230,7 @@ class CachingAllocator:
         raise AssertionError("an expandable segment's address space is unbounded")
 
     def _release_cache(self) -> None:
-        """What PyTorch does before it gives up: every segment that is one free block is
+        """R55: what PyTorch does before it gives up: every segment that is one free block is
         released (cudaFree); expandable, every whole page inside a free block is unmapped."""
         if not self.expandable:
             for segment in list(self.segments.values()):
@@ -353,8 +353,8 @@ class CachingMemory(Memory):
         self.blocked: dict | None = None
 
     def _try(self, requests: list[Request]) -> bool:
-        """Make the item's allocations in order (its outputs, then its workspace), all or
-        none: a 0-byte request takes nothing (PyTorch does not call the allocator)."""
+        """R55: make the item's allocations in order (its outputs, then its workspace), all
+        or none: a 0-byte request takes nothing (PyTorch does not call the allocator)."""
         self._settle()
         allocator = self.allocator
         allocator.begin()

@@ -102,7 +102,7 @@ class _Run(RunState):
                 self.tiers.release(tid)
         for transfer in self.program.releases.get(k, ()):
             if self.ended[transfer.index]:
-                self._release_copy(transfer)
+                self._release_copy(transfer)   # R11: the last reader of its window, after the copy
         for action in self.program.actions.get(k, ()):
             if isinstance(action, Drop):
                 self.memory.free(action.tensor, now)   # R14: at once
@@ -162,14 +162,14 @@ class _Run(RunState):
         recomputed = seq.recomputed[k]
         if self.data_ready_at is None:
             if any(not self.ended[w.index] for w in self.program.waits.get(k, ())):
-                return
+                return  # R6: a prefetch before its op has not ended
             if self.program.deps and not self._deps_done(k):
                 return  # R27: an item of the CPU stream it depends on has not ended
             if recomputed is not None and recomputed in self.memory.resident:
                 return  # R15: the older copy is still being copied out (a data stall)
             self.data_ready_at = self.now
         if not self.memory.fits_item(k, seq.alloc_bytes[k]):
-            return
+            return  # R6: its outputs and workspace cannot be allocated yet
         now = self.now
         data_wait, memory_wait = self.data_ready_at - self.ready_at, now - self.data_ready_at
         if data_wait or memory_wait:
@@ -202,7 +202,7 @@ class _Run(RunState):
         return dep is None or bool(self.done[dep])
 
     def _try_cpu(self) -> None:
-        """R27: the CPU stream's next item starts when the previous one ended, the items
+        """R24, R27: the CPU stream's next item starts when the previous one ended, the items
         of the GPU stream it depends on ended, and the transfers that wrote its host
         copies ended; its outputs take host memory (R19)."""
         if self.cpu_running_until is not None or self.cpu_pos >= len(self.cpu_items):

@@ -143,6 +143,8 @@ class Memory:
         return self.used + extra <= self.budget
 
     def allocate(self, tensors, extra: int, now: int) -> None:
+        """R4: the tensors become resident with ``extra`` bytes (a workspace); the peak is
+        noted here, after the instant's frees (R9 applies completions first)."""
         for tid in tensors:
             self.resident.add(tid)
             self.used += self.nbytes[tid]
@@ -156,6 +158,7 @@ class Memory:
         self._sample(now)
 
     def free(self, tid: str, now: int) -> None:
+        """R4: a freed tensor's bytes leave the use at once."""
         if tid in self.resident:
             self.resident.discard(tid)
             self.used -= self.nbytes[tid]

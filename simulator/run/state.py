@@ -141,6 +141,7 @@ class RunState:
         return (transfer,) + tuple(self.transfers[m] for m in transfer.members) if transfer.members else (transfer,)
 
     def _enqueue(self, transfer: Transfer) -> None:
+        """R1: the transfer joins its stream's FIFO queue, in enqueue order."""
         self.enqueued_at[transfer.index] = self.enqueue_count
         self.enqueue_count += 1
         self.streams[transfer.route.stream].queue.append(transfer.index)
@@ -157,7 +158,8 @@ class RunState:
         result.op, result.reason, result.blocked = describe(exc.blocked, self.seq.group[item] if item >= 0 else None)
 
     def _fill_common(self, result: Result) -> None:
-        """The figures every run reports the same way: times, stalls, streams and links."""
+        """The figures every run reports the same way: times (the iteration ends with the last
+        of compute, CPU ops and transfers, R22), stalls, streams and links."""
         end = max(self.last_compute_end, self.last_cpu_end, self.last_transfer_end, self.now if not result.ok else 0)
         machine_links = self.links.capacity
         result.iteration_us = ps_to_us(end)
