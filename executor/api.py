@@ -23,7 +23,8 @@ from simulator.profile import Profile, profile_sha256
 from .arena import PlacedArena, align
 from .pattern import Patterns
 from .program import lower
-from .scheduler import ReplayFailure, Scheduler, scaled_bytes
+from .scheduler import Scheduler
+from .work import ReplayFailure, scaled_bytes
 
 BACKENDS = ("host", "cuda")
 TARGET_WALL_S = 3.0            # the host backend's auto time scale aims at this much real time

@@ -43,7 +43,7 @@ from simulator.errors import InputError
 from simulator.model.links import STREAMS
 
 from .pattern import K, Patterns, check_lower_copy
-from .scheduler import Block, CopyWork, ItemWork
+from .work import Block, CopyWork, ItemWork
 
 BOUNCE = 8 * 2**20      # bytes of the pinned bounce buffer of each SSD stream
 NONE = 2**64 - 1        # a check slot that found nothing

@@ -38,7 +38,7 @@ from simulator.model.links import STREAMS
 
 from .links import LinkBoard
 from .pattern import Patterns, check_lower_copy
-from .scheduler import Block, CopyWork, ItemWork
+from .work import Block, CopyWork, ItemWork
 
 CHUNK = 64 * 1024     # bytes a copy moves at a time (and may run ahead of its credit)
 

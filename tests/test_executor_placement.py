@@ -17,7 +17,7 @@ from executor.api import replay
 from executor.arena import ALIGN, PlacedArena, align
 from executor.host import HostBackend
 from executor.program import lower
-from executor.scheduler import scaled_bytes
+from executor.work import scaled_bytes
 from planner.core.api import make_plan
 from planner.core.placement import place
 from planner.core.registry import RunOptions
