@@ -39,15 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PLANNERS = "none,lms"
 
 
-def run(*args):
-    return CliRunner().invoke(app, [str(a) for a in args], obj={"debug": False})
-
-
-def one_line_error(result, code: int = 2) -> str:
-    assert result.exit_code == code, (result.exit_code, result.output)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output, result.output
-    return lines[0]
+from tests.test_careless_second_pass import one_line_error, run  # noqa: E402  (the same CLI helpers)
 
 
 def rows_of(folder: Path) -> list[dict]:
