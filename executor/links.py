@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 
-from simulator.run.resources import fair_rates
+from simulator.model.links import fair_rates
 
 
 class _Flow:

@@ -11,8 +11,8 @@ import pytest
 
 from simulator.errors import InputError
 from simulator.hardware import hardware_from_dict
+from simulator.model.links import fair_rates
 from simulator.plan import drop, offload, prefetch
-from simulator.run.resources import fair_rates
 from simulator.units import parse_size, us_to_ps
 from tests.conftest import make_profile
 from tests.engine_helpers import both_paths, machine, plan

@@ -1,8 +1,10 @@
-"""Streams, links and routes (R1, R17, R18): how each kind of transfer moves.
+"""Streams, links and routes (R1, R17, R18): how each kind of transfer moves, and how
+flows share the links they cross (``fair_rates``).
 
 The one route and link model: the compile turns it into the engine's ``Machine``
-(simulator/compile/compiled.py), and planners estimate copy times with it
-(``transfer_links``, ``link_speed``) in their own units.
+(simulator/compile/compiled.py), the run and the executor share bandwidth with
+``fair_rates``, and planners estimate copy times with it (``transfer_links``,
+``link_speed``) in their own units.
 """
 from __future__ import annotations
 
@@ -69,3 +71,35 @@ def link_speed(hardware: Hardware, kind: str, tier: str) -> tuple[float, float]:
     uncontended figures planners estimate with (R17, R18): its slowest link's rate."""
     latency, links, _ = transfer_links(hardware, kind, tier)
     return latency, min(rate for _, rate in links)
+
+
+def fair_rates(flow_links: list[tuple[int, ...]], capacity: tuple[int, ...]) -> list[int]:
+    """R17: each flow's rate (bytes/s) by max-min fairness, by progressive filling.
+
+    With every flow unfrozen and every link's spare equal to its capacity, each round
+    takes, over links with unfrozen flows, floor(spare / unfrozen flows on it); the
+    least of these is the level; every unfrozen flow of a link at that level gets
+    max(level, 1) and is frozen, its rate taken off the spare of each link it crosses.
+    """
+    rates = [0] * len(flow_links)
+    unfrozen = list(range(len(flow_links)))
+    spare = list(capacity)
+    while unfrozen:
+        count = [0] * len(spare)
+        for f in unfrozen:
+            for link in flow_links[f]:
+                count[link] += 1
+        floors = {link: spare[link] // n for link, n in enumerate(count) if n}
+        level = min(floors.values())
+        at_level = {link for link, value in floors.items() if value == level}
+        rate = max(level, 1)
+        still = []
+        for f in unfrozen:
+            if at_level.intersection(flow_links[f]):
+                rates[f] = rate
+                for link in flow_links[f]:
+                    spare[link] -= rate
+            else:
+                still.append(f)
+        unfrozen = still
+    return rates

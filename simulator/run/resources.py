@@ -1,6 +1,7 @@
 """The parts of the simulated machine, each with one job, kept apart from the event loop
 (as SimPy keeps its resources apart from its environment): a FIFO stream, the links
-shared by max-min fairness, GPU memory, and the host and SSD tiers.
+shared by max-min fairness (simulator/model/links.py ``fair_rates``), GPU memory, and
+the host and SSD tiers.
 
 simulator/run/engine.py drives them in simulated time; the executor can drive the same
 rules in real time. All arithmetic is on integers (R3): bytes, picoseconds, bytes/s.
@@ -10,39 +11,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from ..model.links import fair_rates
+
 PS_PER_S = 10**12
-
-
-def fair_rates(flow_links: list[tuple[int, ...]], capacity: tuple[int, ...]) -> list[int]:
-    """R17: each flow's rate (bytes/s) by max-min fairness, by progressive filling.
-
-    With every flow unfrozen and every link's spare equal to its capacity, each round
-    takes, over links with unfrozen flows, floor(spare / unfrozen flows on it); the
-    least of these is the level; every unfrozen flow of a link at that level gets
-    max(level, 1) and is frozen, its rate taken off the spare of each link it crosses.
-    """
-    rates = [0] * len(flow_links)
-    unfrozen = list(range(len(flow_links)))
-    spare = list(capacity)
-    while unfrozen:
-        count = [0] * len(spare)
-        for f in unfrozen:
-            for link in flow_links[f]:
-                count[link] += 1
-        floors = {link: spare[link] // n for link, n in enumerate(count) if n}
-        level = min(floors.values())
-        at_level = {link for link, value in floors.items() if value == level}
-        rate = max(level, 1)
-        still = []
-        for f in unfrozen:
-            if at_level.intersection(flow_links[f]):
-                rates[f] = rate
-                for link in flow_links[f]:
-                    spare[link] -= rate
-            else:
-                still.append(f)
-        unfrozen = still
-    return rates
 
 
 @dataclass(slots=True)
