@@ -6,10 +6,10 @@ simulator's compile: it checks nothing about validity. A plan that breaks a rule
 run as written, and the scheduler (executor/scheduler.py) catches the break when it
 happens: a use before arrival, a use of a tensor that is not on the GPU, a prefetch
 from a tier that holds no copy, data that does not match. What it does reuse is the
-profile's semantics: ``build_sequence`` (R5 the compute sequence, R8 last uses). It is
-the one reader outside the simulator that imports the engine (simulator/compile): it
-replays the compiled program by design, so that item k and a placement's allocation keys
-(R50) are the simulator's own.
+profile's semantics: ``build_sequence`` (R5 the compute sequence, R8 last uses). The
+executor (here and api.py's compiled machine) is the one reader outside the simulator
+that imports the engine (simulator/compile): it replays the compiled program by design,
+so that item k and a placement's allocation keys (R50) are the simulator's own.
 """
 from __future__ import annotations
 
