@@ -2,10 +2,36 @@
 from __future__ import annotations
 
 import copy
+import gzip
+import json
+from pathlib import Path
 
 import pytest
 
 from simulator.profile import FORMAT, profile_from_dict
+
+# The data the tests read lives in the repository (tests/data, each source with its licence).
+DATA = Path(__file__).resolve().parent / "data"
+TOYS = DATA / "toys"
+VGG13 = DATA / "triosim-vgg13-h100"     # sarchlab/triosim (MIT): a measured VGG13 step, gzipped
+VGG13_TRACE = VGG13 / "kineto_trace.json.gz"
+VGG13_ET = VGG13 / "execution_trace.json.gz"
+
+
+def read_json(path):
+    """A JSON file's data, gunzipped if its name ends in ``.gz``."""
+    data = Path(path).read_bytes()
+    return json.loads(gzip.decompress(data) if str(path).endswith(".gz") else data)
+
+
+def gunzip_to(folder, *paths):
+    """Each ``NAME.gz`` of ``paths`` written into ``folder`` as ``NAME``; the new paths."""
+    out = []
+    for path in paths:
+        target = Path(folder) / Path(path).name[: -len(".gz")]
+        target.write_bytes(gzip.decompress(Path(path).read_bytes()))
+        out.append(target)
+    return out
 
 
 def profile_dict(tensors, ops, name="tiny"):

@@ -231,14 +231,10 @@ def test_simulate_writes_timeline_and_plot(two_layer, profile_file, tmp_path):
 
 # ----------------------------------------------------------------------------- import
 
-VGG13 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "triosim-vgg13-h100"
-
-
-@pytest.mark.skipif(not VGG13.is_dir(), reason="the shared VGG13 trace is not beside this checkout")
 def test_import_kineto_writes_a_measured_profile(tmp_path):
+    from tests.conftest import VGG13_ET, VGG13_TRACE
     out = tmp_path / "vgg13.json.gz"
-    result = run("import", "kineto", str(VGG13 / "kineto_trace.json"), "--et", str(VGG13 / "execution_trace.json"),
-                 "-o", str(out))
+    result = run("import", "kineto", str(VGG13_TRACE), "--et", str(VGG13_ET), "-o", str(out))
     assert result.exit_code == 0, result.output
     assert result.output.startswith(f"wrote {out}: kineto_trace, 252 ops")
     data = json.loads(run("info", str(out), "--json").output)

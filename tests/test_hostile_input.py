@@ -224,10 +224,8 @@ def test_json_output_is_strict_json(work):
 
 
 def test_numel_2_62_in_an_execution_trace_is_refused(tmp_path):
-    from tests.test_import_kineto import ET, TRACE
-    if not (TRACE.is_file() and ET.is_file()):
-        pytest.skip("the shared VGG13 trace is not beside this checkout")
-    et = json.loads(ET.read_text())
+    from tests.conftest import VGG13_ET as ET, VGG13_TRACE as TRACE, read_json
+    et = read_json(ET)
     conv = next(n for n in et["nodes"] if n["name"] == "aten::cudnn_convolution")
     conv["inputs"][1][3] = 2**62
     write_json(tmp_path / "et.json", et)

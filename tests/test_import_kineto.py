@@ -1,7 +1,7 @@
 """tracer.kineto.import_kineto: a real VGG13 trace, synthetic traces in both schemas, errors.
 
 The real data is the VGG13 training iteration (batch 512, H100, PyTorch 2.1) from
-sarchlab/triosim (MIT) in ``shared/data/triosim-vgg13-h100`` beside the checkout. The
+sarchlab/triosim (MIT), gzipped in ``tests/data/triosim-vgg13-h100`` with its licence. The
 synthetic traces are written here, small enough to check by hand:
 
 One iteration (``T`` = the step's start; ops numbered as the profile keeps them)::
@@ -35,15 +35,10 @@ import pytest
 
 from simulator.errors import InputError
 from simulator.profile import canonical_json
+from tests.conftest import VGG13_ET, VGG13_TRACE, read_json
 from tracer.kineto import import_kineto, peak_fidelity
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "triosim-vgg13-h100"
-TRACE = DATA / "kineto_trace.json"
-ET = DATA / "execution_trace.json"
-
-needs_data = pytest.mark.skipif(
-    not (TRACE.is_file() and ET.is_file()),
-    reason=f"the VGG13 trace (sarchlab/triosim) is not at {DATA}")
+TRACE, ET = VGG13_TRACE, VGG13_ET      # gzipped: the importer reads .json.gz as .json
 
 
 # ============================================================================ VGG13 (real)
@@ -51,30 +46,22 @@ needs_data = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def vgg():
-    if not (TRACE.is_file() and ET.is_file()):
-        pytest.skip(f"the VGG13 trace (sarchlab/triosim) is not at {DATA}")
     return import_kineto(TRACE)
 
 
 @pytest.fixture(scope="module")
 def vgg_whole():
-    if not TRACE.is_file():
-        pytest.skip(f"the VGG13 trace (sarchlab/triosim) is not at {DATA}")
     return import_kineto(TRACE, split=False)
 
 
 @pytest.fixture(scope="module")
 def vgg_et():
-    if not (TRACE.is_file() and ET.is_file()):
-        pytest.skip(f"the VGG13 trace (sarchlab/triosim) is not at {DATA}")
     return import_kineto(TRACE, ET)
 
 
 @pytest.fixture(scope="module")
 def vgg_json():
-    if not TRACE.is_file():
-        pytest.skip(f"the VGG13 trace (sarchlab/triosim) is not at {DATA}")
-    return json.loads(TRACE.read_text())
+    return read_json(TRACE)
 
 
 def test_vgg_ops_kernels_and_time(vgg):
@@ -217,8 +204,6 @@ def test_vgg_unsplit(vgg_whole):
 
 
 def test_vgg_peak_fidelity():
-    if not TRACE.is_file():
-        pytest.skip(f"the VGG13 trace (sarchlab/triosim) is not at {DATA}")
     split, whole = peak_fidelity(TRACE), peak_fidelity(TRACE, split=False)
     assert (split.trace_peak_bytes, split.imported_peak_bytes) == (39343881216, 39343881216)
     assert (whole.trace_peak_bytes, whole.imported_peak_bytes) == (39343881216, 39343883264)
@@ -271,10 +256,10 @@ def test_vgg_with_execution_trace(vgg, vgg_et):
 
 
 def test_vgg_gzip_copy_and_determinism(tmp_path, vgg):
-    packed = tmp_path / "kineto_trace.json.gz"
-    packed.write_bytes(gzip.compress(TRACE.read_bytes()))
-    again = import_kineto(packed)
-    assert canonical_json(again).replace(".json.gz", ".json") == canonical_json(vgg)
+    plain = tmp_path / "kineto_trace.json"
+    plain.write_bytes(gzip.decompress(TRACE.read_bytes()))
+    again = import_kineto(plain)
+    assert canonical_json(again) == canonical_json(vgg).replace(".json.gz", ".json")
     assert canonical_json(import_kineto(TRACE)) == canonical_json(vgg)
 
 
@@ -295,21 +280,19 @@ def _et_1_1(document: dict) -> dict:
     return dict(document, schema="1.1.0-chakra.0.0.4", nodes=nodes)
 
 
-@needs_data
 def test_vgg_et_in_the_newer_schema(tmp_path, vgg_et):
     path = tmp_path / "et.json"
-    path.write_text(json.dumps(_et_1_1(json.loads(ET.read_text()))))
+    path.write_text(json.dumps(_et_1_1(read_json(ET))))
     newer = import_kineto(TRACE, path)
     assert newer.source["execution_trace"]["schema"] == "1.1.0-chakra.0.0.4"
     assert newer.to_dict()["tensors"] == vgg_et.to_dict()["tensors"]
     assert newer.to_dict()["ops"] == vgg_et.to_dict()["ops"]
 
 
-@needs_data
 def test_vgg_join_by_record_function_id(tmp_path, vgg_et, vgg_json):
     # Newer traces carry `Record function id` on every operator = the ET's rf_id.
     # Here they are written in by order (each thread lists the same ops in both files).
-    et = json.loads(ET.read_text())
+    et = read_json(ET)
     nodes = sorted((n for n in et["nodes"] if not n["name"].startswith("[pytorch")),
                    key=lambda n: n["id"])
     trace = copy.deepcopy(vgg_json)
@@ -711,9 +694,8 @@ def test_errors_in_the_execution_trace(tmp_path, content, where):
     assert error.file == str(et) and error.where == where
 
 
-@needs_data
 def test_errors_execution_trace_does_not_match(tmp_path):
-    et = json.loads(ET.read_text())
+    et = read_json(ET)
     other_process = _write(tmp_path, dict(et, pid=7), "pid.json")
     assert "not the same run" in _error(TRACE, other_process).problem
     shifted = copy.deepcopy(et)

@@ -8,7 +8,6 @@ full block faults in 105 us and is written back in 100 us.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -22,10 +21,10 @@ from simulator.errors import InfeasibleError, InputError
 from simulator.hardware import DEFAULT_UVM, DRIVER_UVM, hardware_from_dict, load_hardware
 from simulator.plan import Plan, drop, load_plan, offload, plan_from_dict, plan_json, prefetch, recompute
 from simulator.profile import load_profile
-from tests.conftest import TWO_LAYER_OPS, TWO_LAYER_TENSORS, make_profile
+from tests.conftest import TOYS, TWO_LAYER_OPS, TWO_LAYER_TENSORS, make_profile
 from tests.engine_helpers import CHAIN_OPS, CHAIN_TENSORS
 
-BARS = Path(__file__).resolve().parents[2] / "shared" / "acceptance" / "bars" / "data"
+BARS = TOYS        # the acceptance checks' toy inputs, copied into tests/data/toys
 
 
 def uvm_machine(block=100, latency=5.0, batch=1, duplex="full", **extra):
@@ -481,7 +480,7 @@ def test_r35_r19_with_ssd_backing_host_memory_holds_only_the_page_cache():
 
 
 def test_acceptance_ssd_backed_small_host_plans():
-    # ../shared/acceptance: a 16-layer MLP whose footprint (about 8 GiB) passes the 4 GiB host,
+    # the acceptance toy: a 16-layer MLP whose footprint (about 8 GiB) passes the 4 GiB host,
     # backed by an SSD file with a 2 GiB page cache: feasible.
     hw = load_hardware(str(BARS / "uvm-ssd-small-host.yaml"))
     p = open_profile("synth-mlp-l16-w8192-b1024")
