@@ -36,7 +36,7 @@ def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, alloc
     Exit status: 0 valid and feasible, 1 invalid or infeasible (the report is still
     printed), 2 bad input.
     """
-    from planner.core.bound import bound_fields, lower_bound
+    from planner.shared.bound import bound_fields, lower_bound
     from simulator.api import simulate as run_simulation
     from simulator.plan import empty_plan
     from simulator.plot import plot_memory
@@ -94,7 +94,7 @@ def place_cmd(profile, plan, method, hardware_name, budget, output, as_json) -> 
 
     The placed plan is simulated; exit status 1 when its arena does not fit the budget.
     """
-    from planner.core.placement import place
+    from planner.shared.placement import place
     from simulator.api import simulate as run_simulation
     from simulator.plan import save_plan
     from simulator.units import parse_budget

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from planner.core.bound import bound_words
+from planner.shared.bound import bound_words
 from simulator.units import format_bytes, format_us
 
 

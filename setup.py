@@ -1,5 +1,5 @@
 """Builds the optional C fast paths: the simulator's (simulator/fast/_fastsim.c), UVM mode's
-(simulator/fast/_fastuvm.c) and the swapadvisor decoder's (planner/search/swapadvisor/_fastdecode.c).
+(simulator/fast/_fastuvm.c) and the swapadvisor decoder's (planner/swap_recompute/swapadvisor/_fastdecode.c).
 
 Everything else is declared in pyproject.toml. The extensions are optional: without a
 C compiler the install still succeeds and the pure-Python paths are used.
@@ -13,6 +13,7 @@ setup(ext_modules=[
               extra_compile_args=["-O2"], **ARENA),
     Extension("simulator.fast._fastuvm", sources=["simulator/fast/_fastuvm.c"], optional=True,
               extra_compile_args=["-O2"], **ARENA),
-    Extension("planner.search.swapadvisor._fastdecode", sources=["planner/search/swapadvisor/_fastdecode.c"], optional=True,
+    Extension("planner.swap_recompute.swapadvisor._fastdecode",
+              sources=["planner/swap_recompute/swapadvisor/_fastdecode.c"], optional=True,
               extra_compile_args=["-O2"], **ARENA),
 ])

@@ -1,4 +1,4 @@
-"""Lower-bound speed (planner/core/bound.py): the swap-only and the most general bound
+"""Lower-bound speed (planner/shared/bound.py): the swap-only and the most general bound
 (swap + recompute + persistent) on shipped profiles, median of a few runs each. Target:
 the general bound in <= 2 s at 11k ops (Llama-2 70B on an RTX 4090 at 24 GiB).
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.core.bound import lower_bound  # noqa: E402
+from planner.shared.bound import lower_bound  # noqa: E402
 from simulator.catalog import open_profile  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402
 

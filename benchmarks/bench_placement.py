@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.core.api import make_plan  # noqa: E402
-from planner.core.placement import METHODS, place  # noqa: E402
+from planner.shared.placement import METHODS, place  # noqa: E402
 from simulator import catalog  # noqa: E402
 from simulator.api import Simulator  # noqa: E402
 from simulator.errors import InfeasibleError  # noqa: E402

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.core.analysis import budget_floor, uvm_floor  # noqa: E402
+from planner.shared.facts import budget_floor, uvm_floor  # noqa: E402
 from planner.core.api import make_plan  # noqa: E402
 from planner.core.registry import planners  # noqa: E402
 from simulator.catalog import open_profile, shipped_profile_paths  # noqa: E402

@@ -1,4 +1,4 @@
-"""Polish (planner/core/polish.py) on greedy plans of the shipped profiles: how long a run
+"""Polish (planner/shared/polish.py) on greedy plans of the shipped profiles: how long a run
 takes, how many simulations, how many changes it keeps and what they gain.
 
 Each (profile, budget, planner) cell plans once, then polishes the plan ``--repeat``
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from greedy_cells import cell_parser, greedy_cells   # noqa: E402
-from planner.core.polish import polish   # noqa: E402
+from planner.shared.polish import polish  # noqa: E402
 
 
 def main() -> None:

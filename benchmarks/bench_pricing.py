@@ -1,4 +1,4 @@
-"""Pricing a plan at the positions it ran at (planner/search/ilp/refine.py): the size of
+"""Pricing a plan at the positions it ran at (planner/shared/ilp/refine.py): the size of
 the refined model, the time to build it and to solve its LP, and its price against the
 simulated time, with copies one column per step (the default) and in coarse pieces of
 1, 1, 2, 4, ... steps (``Candidate.coarse``, what the model had before).
@@ -23,8 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from greedy_cells import cell_parser, greedy_cells   # noqa: E402
-from planner.search.ilp.intervals import Formulation, candidates, predicted_us   # noqa: E402
-from planner.search.ilp.refine import at_positions_of   # noqa: E402
+from planner.shared.ilp.rows import Formulation  # noqa: E402
+from planner.shared.ilp.candidates import candidates  # noqa: E402
+from planner.shared.ilp.decode import predicted_us  # noqa: E402
+from planner.shared.ilp.refine import at_positions_of  # noqa: E402
 
 WINDOW = 20
 

@@ -8,7 +8,7 @@
 2. For gpt2, resnet50 and vit at 40 GiB and at 30% of the peak, on a100-40gb-pcie4:
    the overhead (iteration / ideal - 1) of swapadvisor after a 60 s time limit against
    the best greedy planner (capuchin, g10, lms; `-` below its floor), the lower bound
-   for plans that may recompute and move weights (planner/core/bound.py; it assumes the
+   for plans that may recompute and move weights (planner/shared/bound.py; it assumes the
    profile's op order), how long the search took, and whether the best plan reorders ops.
 
 Run: ``.venv/bin/python benchmarks/bench_swapadvisor.py [--quick]`` (``--quick``: 10 s
@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from planner.core.analysis import budget_floor  # noqa: E402
+from planner.shared.facts import budget_floor  # noqa: E402
 from planner.core.api import make_plan  # noqa: E402
 from planner.core.registry import RunOptions, get_planner  # noqa: E402
-from planner.search.swapadvisor.evaluate import Evaluator  # noqa: E402
-from planner.search.swapadvisor.search import Search  # noqa: E402
+from planner.swap_recompute.swapadvisor.evaluate import Evaluator  # noqa: E402
+from planner.swap_recompute.swapadvisor.search import Search  # noqa: E402
 from simulator.catalog import open_profile  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402
 

@@ -3,7 +3,7 @@
 (a) Grouping. On transformers with many small tensors, for each planner: iteration /
     ideal of its plan as made (``ungrouped``; for ``deeptm``, whose own aggregation
     groups its plan, the same plan with the group ids removed), of that plan with
-    planner/core/grouping.py's ``group_actions`` applied (``grouped``, even when slower), and
+    planner/shared/grouping.py's ``group_actions`` applied (``grouped``, even when slower), and
     what ``make_plan(..., group=True)`` returns (``group=True``: the grouped plan when no
     slower, else the plan as made; computed from the same plan, planners being
     deterministic), with the groups formed and the median planning time. The summary
@@ -34,9 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.core.analysis import budget_floor  # noqa: E402
+from planner.shared.facts import budget_floor  # noqa: E402
 from planner.core.api import make_plan, score  # noqa: E402
-from planner.core.grouping import group_actions  # noqa: E402
+from planner.shared.grouping import group_actions  # noqa: E402
 from planner.core.registry import RunOptions, get_planner  # noqa: E402
 from simulator.catalog import open_profile  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402

@@ -128,7 +128,7 @@ def feature_files() -> dict:
 
 def _build_features() -> dict:
     from planner.core.api import make_plan
-    from planner.core.placement import place
+    from planner.shared.placement import place
     from simulator.hardware import load_hardware
     from simulator.plan import plan_json
     from simulator.profile import Profile, Variant, save_profile

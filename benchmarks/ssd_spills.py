@@ -10,7 +10,7 @@ workloads (benchmarks/g10_uvm.py traces and caches them) with the planners that 
 the SSD, at the GPU's 40 GiB, twice: with the tracer's roofline kernel times, and with
 every op's time scaled so that the ideal is G10's (its measured kernels, 14.6x and 7.3x
 slower), and prints each plan's iteration over the ideal beside the bound
-(planner/core/bound.py: swap only, and with recomputation) and G10's figure.
+(planner/shared/bound.py: swap only, and with recomputation) and G10's figure.
 
     .venv/bin/python benchmarks/ssd_spills.py                       # the table (a few minutes)
     .venv/bin/python benchmarks/ssd_spills.py --planners g10 --json out.json
@@ -39,7 +39,7 @@ def rows(planners=PLANNERS, time_limit: float = 20.0, cache: Path | None = CACHE
     """One row per workload and kernel-time model: each planner's iteration over the ideal
     (None when its plan does not run), the two bounds, and G10's figure."""
     from planner.core.api import make_plan
-    from planner.core.bound import lower_bound
+    from planner.shared.bound import lower_bound
     from planner.core.registry import RunOptions
     from simulator.errors import InfeasibleError
     from simulator.hardware import load_hardware

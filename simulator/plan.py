@@ -126,7 +126,7 @@ class PlannerInfo:
     seed: int | None = None
     notes: dict = field(default_factory=dict)      # what the planner says of its run
     estimate_us: float | None = None               # the planner's own prediction, if it has one
-    lower_bound_us: float | None = None            # no plan of its kind is faster (planner/core/bound.py)
+    lower_bound_us: float | None = None            # no plan of its kind is faster (planner/shared/bound.py)
     bound: str | None = None                       # which bound: swap | swap+recompute (+persistent)
 
     def to_dict(self) -> dict:

@@ -2,7 +2,7 @@
 longest idle gap between two uses."""
 from __future__ import annotations
 
-from planner.core import analysis
+from planner.shared import facts as analysis
 from simulator.plan import Action, Plan, offload, prefetch
 from simulator.profile import Profile, profile_sha256
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.core.bound import lower_bound
+from planner.shared.bound import lower_bound
 from simulator.api import Simulator
 from simulator.plan import Plan, drop, offload, prefetch, recompute
 from tests.conftest import make_profile

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from cli import app
 from planner.core.api import make_plan
-from planner.core.placement import place
+from planner.shared.placement import place
 from simulator.api import Simulator
 from simulator.compile.lower import compile_program
 from simulator.errors import InputError

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from planner.core.api import make_plan, score
-from planner.core.checkpoint import droppable, recompute_plan, segment_of
+from planner.shared.checkpoint import droppable, recompute_plan, segment_of
 from planner.core.registry import RunOptions
 from planner.recompute.checkmate import Formulation, build_graph, group, lower, recomputable
 from planner.recompute.chen import plan_chen

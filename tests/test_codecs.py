@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from planner.core.api import make_plan
-from planner.core.compression import swap_seconds
+from planner.shared.compression import swap_seconds
 from simulator.api import Simulator
 from simulator.errors import InputError
 from simulator.hardware import Codec, hardware_from_dict, load_hardware

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.core.estimate import MemoryEstimate
+from planner.shared.estimate import MemoryEstimate
 from tests.conftest import make_profile
 
 # w: 10 B weight. f1: w -> a (100)   f2: a -> b (50)   f3: b -> c (20)   b1: c, a -> g (5)   u: g

@@ -19,7 +19,7 @@ from executor.host import HostBackend
 from executor.program import lower
 from executor.work import scaled_bytes
 from planner.core.api import make_plan
-from planner.core.placement import place
+from planner.shared.placement import place
 from planner.core.registry import RunOptions
 from simulator.api import Simulator, simulate
 from simulator.compile.lower import compile_program

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from planner.core.api import make_plan
-from planner.search.ilp.intervals import MS, Formulation, candidates, decode
+from planner.shared.ilp.candidates import MS, candidates
+from planner.shared.ilp.rows import Formulation
+from planner.shared.ilp.decode import decode
 from planner.core.registry import RunOptions
 from simulator.hardware import load_hardware
 from tests.conftest import make_profile

@@ -6,8 +6,10 @@ import pytest
 
 from planner.core.api import make_plan, simulator_for
 from planner.core.registry import RunOptions
-from planner.search.ilp.intervals import Formulation, candidates, predicted_us
-from planner.search.ilp.refine import at_positions_of, observed_positions, unheld_moves, with_positions
+from planner.shared.ilp.rows import Formulation
+from planner.shared.ilp.candidates import candidates
+from planner.shared.ilp.decode import predicted_us
+from planner.shared.ilp.refine import at_positions_of, observed_positions, unheld_moves, with_positions
 from simulator.plan import Plan, offload, prefetch
 from tests.conftest import make_profile
 from tests.engine_helpers import machine
@@ -171,7 +173,7 @@ def test_a_copy_started_while_the_next_op_waits_is_fetched_after_the_op_that_end
     # Ops at 0-10, 10-20, 20-30 and 40-50 us (op 3 waited 10 us). R12 takes a prefetch's memory when its copy
     # starts: started at 25 us, during op 2, the model must hold it from op 2 (fetched after op 1); started at
     # 30 us, once op 2 had ended, from op 3 (fetched after op 2); at 20 us, as op 2 starts, from op 2.
-    from planner.search.ilp.intervals import fetched_after
+    from planner.shared.ilp.decode import fetched_after
     starts, ends = np.array([0.0, 10.0, 20.0, 40.0]), np.array([10.0, 20.0, 30.0, 50.0])
     assert fetched_after(starts, ends, 25.0) == 1
     assert fetched_after(starts, ends, 30.0) == 2
@@ -182,7 +184,7 @@ def test_a_copy_started_while_the_next_op_waits_is_fetched_after_the_op_that_end
 
 def _priced_at_own_positions(profile, hw, budget, plan, window):
     """A plan's choices in the joint model gained its own positions, and the model's time for them."""
-    from planner.search.ilp.intervals import recomputes
+    from planner.shared.ilp.candidates import recomputes
     sim = simulator_for(profile, hw)
     run = sim.simulate(plan, budget, record=True)
     form = Formulation(profile, hw, budget, candidates(profile, hw, budget, window, ("host",)),
@@ -232,7 +234,7 @@ def test_copies_run_in_pieces_of_one_step_unless_positions_are_far_apart_by_desi
     # one step each: a FIFO stream's copy goes where the ops are, not in proportion to a piece's op times (a
     # long op in a piece with short ones was charged the copies of every piece stacked on it); ``reach`` and
     # ``far`` positions, sparse by design, keep pieces of 1, 1, 2, 4, ... steps
-    from planner.search.ilp.positions import chunks
+    from planner.shared.ilp.positions import chunks
     assert chunks(3, 7, early=True) == [(3, 4), (4, 5), (5, 6), (6, 7)]
     assert chunks(0, 7, early=True, coarse=True) == [(0, 1), (1, 2), (2, 4), (4, 7)]
     assert chunks(0, 7, early=False, coarse=True) == [(0, 3), (3, 5), (5, 6), (6, 7)]
@@ -247,7 +249,7 @@ def test_an_offload_may_copy_from_the_last_write_before_its_interval():
     # t is made by p (op 0) and read by r1 (op 1) before its idle interval: its offload may be issued after
     # p, as ``offload_points`` lowers it, so the copy may run in r1's step too (R11 lets r1 read it meanwhile);
     # an interval after an earlier idle interval of the same tensor starts no earlier than that one's end
-    from planner.search.ilp.intervals import earliest_issue
+    from planner.shared.ilp.candidates import earliest_issue
     profile = _long_gap()
     assert earliest_issue(profile, "t", 1, -1) == 0
     assert earliest_issue(profile, "t", 1, 1) == 1
@@ -260,7 +262,7 @@ def test_an_op_that_waited_for_an_offload_to_end_is_priced_with_the_wait():
     # Prefetch after i10 (150 us), done at 250 us; u13 waits from 170 us. Simulated: 150 us of ops, 40 us
     # before i8 and 80 us before u13, 270 us. The model at those positions: the offload's last 40 us a wait
     # before i8, T[8] = 10 + 40 us (a piece in step 8 that overlapped i8 would give 260 us)
-    from planner.search.ilp.intervals import MS
+    from planner.shared.ilp.candidates import MS
     profile, hw, budget, cands, actions, run = _long_gap_run(0.0005)
     assert run.ok and run.iteration_us == pytest.approx(270.0)
     found = observed_positions(profile, cands, actions, run.timeline)

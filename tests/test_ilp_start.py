@@ -8,9 +8,11 @@ import pytest
 
 from planner.core.api import make_plan, simulator_for
 from planner.core.registry import Draft, RunOptions
-from planner.search.ilp.common import best_heuristic, best_start, offload_points, short_op, to_actions
-from planner.search.ilp.intervals import MS, Candidate, Chosen, Formulation, candidates, predicted_us
-from planner.search.ilp.planners import solve_swap_milp
+from planner.shared.ilp.common import best_heuristic, best_start, offload_points, short_op, to_actions
+from planner.shared.ilp.candidates import MS, Candidate, candidates
+from planner.shared.ilp.decode import Chosen, predicted_us
+from planner.shared.ilp.rows import Formulation
+from planner.shared.ilp.solve import solve_swap_milp
 from simulator.plan import Plan, offload, prefetch
 from tests.conftest import make_profile
 from tests.engine_helpers import machine
@@ -114,7 +116,7 @@ def test_a_solution_the_solver_improved_from_its_start_is_not_marked_as_the_star
 def test_the_heuristic_is_returned_when_strictly_faster(monkeypatch):
     profile, hw = tiny(), machine(h2d=0.01, d2h=0.01)
     options = RunOptions(time_limit=10, threads=1)
-    import planner.search.ilp.planners as planners
+    import planner.shared.ilp.solve as planners
 
     real = planners.score
 
@@ -136,7 +138,7 @@ def test_the_heuristic_is_returned_when_strictly_faster(monkeypatch):
 
 
 def test_reach_positions_are_ops_over_the_budget_and_the_model_still_finds_the_optimum():
-    from planner.search.ilp.positions import windows
+    from planner.shared.ilp.positions import windows
     # positions only at ops over the budget, the first `window` all, then spaced out to the last
     release, fetch = windows(20, 600, 15, list(range(184, 336)))
     assert release[:15] == tuple(range(184, 199)) and release[-1] == 335 and len(release) < 25
@@ -165,7 +167,7 @@ WRAP_OPS += [("g1", "backward", 10.0, ["a", "c3"], ["ga"]), ("u", "optimizer", 1
 
 
 def test_a_weight_may_start_the_iteration_in_host_memory():
-    from planner.search.ilp.intervals import wrap_candidates
+    from planner.shared.ilp.candidates import wrap_candidates
     from tests.conftest import make_profile
     profile, hw = make_profile(WRAP_TENSORS, WRAP_OPS, "ilp-wrap"), machine(h2d=0.01, d2h=0.01)
     (c,) = wrap_candidates(profile, hw, BUDGET, window=8)
@@ -185,7 +187,7 @@ def test_a_weight_may_start_the_iteration_in_host_memory():
 
 
 def test_ssd_moves_are_left_out_when_host_memory_holds_every_candidate():
-    from planner.search.ilp.intervals import slower_tiers_dominated
+    from planner.shared.ilp.candidates import slower_tiers_dominated
     profile = tiny()
     fast_ssd = dict(h2d=0.01, d2h=0.01, ssd_read=0.01, ssd_write=0.01)   # as fast as PCIe, and behind it
     roomy, small = machine(**fast_ssd), machine(**fast_ssd, host="100B")
@@ -198,7 +200,7 @@ def test_ssd_moves_are_left_out_when_host_memory_holds_every_candidate():
 
 
 def test_far_positions_reach_the_ops_over_the_budget_past_the_window():
-    from planner.search.ilp.positions import early_fetches, late_releases, log_spaced
+    from planner.shared.ilp.positions import early_fetches, late_releases, log_spaced
     assert log_spaced(10, 3) == [0, 1, 3] and log_spaced(3, 5) == [0, 1, 2] and log_spaced(0, 3) == []
     over = [20, 21, 22, 23, 24, 30, 40]
     # releases past a window ending at op 12, before the first fetch position 35: over ops 20, 21, 23
@@ -261,8 +263,8 @@ def test_the_start_keeps_the_heuristics_recomputes_the_model_can_hold():
     # alone frees 60 B; the rest would have to be s or w moved, but x's recompute before gx reads both inside
     # their intervals, so more moves cannot cover the m ops and the model has no plan with that recompute
     # alone (R13): the start keeps none of it. Dropping s as well frees 120 B: both are kept.
-    from planner.search.ilp.common import _recomputes_that_fit
-    from planner.search.ilp.intervals import recomputes
+    from planner.shared.ilp.common import _recomputes_that_fit
+    from planner.shared.ilp.candidates import recomputes
     from tests.test_ilp import CHAIN_OPS, CHAIN_TENSORS
     profile, hw = make_profile(CHAIN_TENSORS, CHAIN_OPS, "ilp-chain"), machine(h2d=0.0001, d2h=0.0001)
     form = Formulation(profile, hw, 183, candidates(profile, hw, 183, 8, ("host",)), redo=recomputes(profile, 183))

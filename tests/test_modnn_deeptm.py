@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from planner.core.api import make_plan, score
-from planner.search.deeptm import aggregate, heat
+from planner.swap.deeptm import aggregate, heat
 from planner.swap.modnn import smallest_cover
 from planner.core.registry import RunOptions, get_planner
 from simulator.api import Simulator
@@ -103,8 +103,8 @@ def test_modnn_starts_from_the_smallest_workspaces_when_the_defaults_cannot_fit(
 
 
 def test_the_floor_and_the_bound_with_variants():
-    from planner.core.analysis import budget_floor
-    from planner.core.bound import lower_bound
+    from planner.shared.facts import budget_floor
+    from planner.shared.bound import lower_bound
     variants = [{"name": "small", "time_us": 2000, "workspace_bytes": 0},
                 {"name": "huge", "time_us": 100, "workspace_bytes": 5000}]
     profile, hw = conv_profile(workspace=3000, variants=variants), machine()

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from cli import app
 from cli_text import named_reason
 from compare.sweep import expand_cells
-from planner.core.bound import bound_words
+from planner.shared.bound import bound_words
 from planner.core.registry import FAMILIES, QUICK, get_planner, planners
 from simulator.catalog import open_profile
 

@@ -8,7 +8,7 @@ import pytest
 
 from planner.core.api import make_plan, simulator_for
 from planner.core.registry import RunOptions
-from planner.search.ilp.intervals import link_shares
+from planner.shared.ilp.rows import link_shares
 from planner.swap.g10 import LinkTime, move_speeds
 from simulator.api import Simulator
 from simulator.compile.compiled import compile_profile

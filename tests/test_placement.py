@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from planner.core.placement import lowest_offset, place, place_blocks
+from planner.shared.placement import lowest_offset, place, place_blocks
 from simulator.api import Simulator
 from simulator.plan import Placement, Plan, offload, prefetch
 from simulator.profile import profile_sha256

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.core.analysis import budget_floor
+from planner.shared.facts import budget_floor
 from planner.core.api import make_plan
 from simulator.catalog import open_profile
 from simulator.hardware import load_hardware

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from planner.core.api import make_plan
-from planner.core.checkpoint import chen_actions, droppable, forward_ops, segment_of
+from planner.shared.checkpoint import chen_actions, droppable, forward_ops, segment_of
 from simulator.catalog import open_profile
 from simulator.hardware import load_hardware
 

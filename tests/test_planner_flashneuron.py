@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.core.analysis import budget_floor
+from planner.shared.facts import budget_floor
 from planner.core.api import make_plan
 from planner.swap.flashneuron import activation_budget, choose_offloads, loss_position, offload_actions, offloadable
 from simulator.api import Simulator

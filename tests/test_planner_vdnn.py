@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.core.api import make_plan
-from planner.core.layers import op_kind
+from planner.swap.vdnn import op_kind
 from planner.swap.vdnn import plan_vdnn
 from simulator.catalog import open_profile
 from simulator.api import simulate

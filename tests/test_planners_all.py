@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.core.analysis import budget_floor
+from planner.shared.facts import budget_floor
 from planner.core.api import make_plan
 from planner.core.registry import Param, RunOptions, get_planner, planners
 from simulator.catalog import open_profile

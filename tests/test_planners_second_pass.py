@@ -114,7 +114,7 @@ def test_g10_places_transfers_in_the_link_time_left():
 def test_capuchin_replans_leaning_to_swaps_where_unsure_and_keeps_the_faster():
     # bert-base on an A100 at 40 GiB: the stall estimate prices swaps high enough that
     # phase 2 recomputes where swaps hide; the simulator prefers the swap-leaning replan
-    from planner.swap.capuchin import _plan
+    from planner.swap_recompute.capuchin import _plan
     from simulator.api import Simulator
     from simulator.catalog import open_profile, shipped_profile_paths
     from simulator.hardware import load_hardware

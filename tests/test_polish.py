@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from planner.core.api import simulator_for
-from planner.core.polish import polish
+from planner.shared.polish import polish
 from simulator.plan import Plan, drop, offload, prefetch, recompute
 from tests.engine_helpers import machine
 from tests.test_engine_properties import scenarios
@@ -76,7 +76,7 @@ def test_the_changes_tried_in_order():
     # p6), its prefetch 1 or 4 ops earlier or 1 later (after the offload, before p7); D may
     # move out after p1 and back after p6 - 4 = p2 (16 ops before p6 is before p2: p2 too,
     # tried once); A's move may be taken back.
-    from planner.core.polish import _addable_gaps, _neighbours
+    from planner.shared.polish import _addable_gaps, _neighbours
     tensors = {"A": (100, "activation"), "D": (50, "activation")}
     extra = {0: ((), ("A",), 0), 1: ((), ("D",), 0), 3: ((), (), 50), 6: (("D",), (), 0), 7: (("A",), (), 0)}
     profile = chain_profile("tried", 8, tensors, extra)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.search.swapadvisor import decode
+from planner.swap_recompute.swapadvisor import decode
 from simulator.catalog import open_profile, shipped_profile_paths
 from simulator.hardware import load_hardware
 from simulator.model.recompute import recompute_problem, recomputable_until

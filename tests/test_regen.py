@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from planner.core.api import make_plan
-from planner.core.regen import Regen, candidates, cover, shortfall
+from planner.shared.regen import Regen, candidates, cover, shortfall
 from simulator.plan import drop, offload, prefetch, recompute
 from tests.engine_helpers import machine
 from tests.test_planner_g10 import chain_profile
@@ -124,7 +124,7 @@ def test_g10_recompute_over_pcie_when_host_memory_holds_everything():
 @pytest.mark.parametrize("name", ["synth-transformer-l12-b16-s1024", "synth-cnn-l16-w128-b64-s224",
                                   "synth-mlp-l16-w8192-b1024"])
 def test_g10_recompute_is_never_slower_than_g10_and_keeps_the_budget(name):
-    from planner.core.analysis import budget_floor
+    from planner.shared.facts import budget_floor
     from simulator.catalog import open_profile
     from simulator.hardware import load_hardware
     hw = load_hardware("a100-40gb-pcie4")
@@ -147,7 +147,7 @@ def test_joint_may_return_g10s_recompute_plan_but_starts_from_the_others():
     # and is g10's own plan (1,600 us; lms's is no faster here).
     from planner.core.api import score, simulator_for
     from planner.core.registry import RunOptions
-    from planner.search.ilp.common import best_heuristic
+    from planner.shared.ilp.common import best_heuristic
     profile, hw = spill_profile(), machine(d2h=0.0005, h2d=0.0005)
     pool = best_heuristic(profile, hw, 310, (("lms", {}), ("g10", {})), RunOptions(),
                           also=(("g10", {"recompute": True}),))

@@ -15,7 +15,7 @@ import json
 import pytest
 
 from planner.core.api import make_plan
-from planner.core.splitting import choose_splits
+from planner.shared.splitting import choose_splits
 from simulator.api import Simulator, check_static
 from simulator.errors import InputError
 from simulator.hardware import hardware_from_dict

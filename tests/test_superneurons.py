@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.core.analysis import working_set
+from planner.shared.facts import working_set
 from planner.core.api import make_plan
-from planner.recompute.superneurons import (MEMORY, SPEED, Walked, forward_layers, name_kind, offload_candidates,
-                                  recompute_candidates, recompute_sources, segment_modes, transfer_steps)
+from planner.swap_recompute.superneurons import (MEMORY, SPEED, Walked, forward_layers, name_kind, offload_candidates,
+                                                 recompute_candidates, recompute_sources, segment_modes, transfer_steps)
 from simulator.catalog import open_profile
 from simulator.hardware import load_hardware
 from simulator.plan import plan_json

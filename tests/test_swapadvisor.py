@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from planner.core.api import make_plan
 from planner.core.registry import RunOptions, get_planner
-from planner.search.swapadvisor.evaluate import Worker
-from planner.search.swapadvisor.schedule import Dag, eager_order
-from planner.search.swapadvisor import search
-from planner.search.swapadvisor.search import plan_swapadvisor
+from planner.swap_recompute.swapadvisor.evaluate import Worker
+from planner.swap_recompute.swapadvisor.schedule import Dag, eager_order
+from planner.swap_recompute.swapadvisor import search
+from planner.swap_recompute.swapadvisor.search import plan_swapadvisor
 from simulator.catalog import open_profile
 from simulator.hardware import load_hardware
 from simulator.plan import Plan, plan_json

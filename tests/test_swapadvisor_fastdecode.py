@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.search.swapadvisor import decode
-from planner.search.swapadvisor.evaluate import Evaluator, Worker
-from planner.search.swapadvisor.schedule import Dag
-from planner.search.swapadvisor.search import Search
+from planner.swap_recompute.swapadvisor import decode
+from planner.swap_recompute.swapadvisor.evaluate import Evaluator, Worker
+from planner.swap_recompute.swapadvisor.schedule import Dag
+from planner.swap_recompute.swapadvisor.search import Search
 from simulator.catalog import open_profile
 from simulator.fast import explicit as fastpath
 from simulator.hardware import load_hardware

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from planner.core.api import make_plan
-from planner.core.grouping import group_actions
+from planner.shared.grouping import group_actions
 from simulator.api import Simulator
 from simulator.errors import InputError
 from simulator.hardware import hardware_from_dict

@@ -11,7 +11,7 @@ output crosses PCIe, and sits in host memory, at a fraction of its size; the GPU
 spends a cycle on it. Here every offload and prefetch of vDNN's plan carries the
 machine's ``dma`` codec of format ``zvc`` (R41: the transfer moves, and the host holds,
 the compressed size; GPU memory is unchanged). It is the one import of another planner
-here: vDNN's plan is reused as it is (``vdnn_actions`` of planner/core/layers.py per mode,
+here: vDNN's plan is reused as it is (``vdnn_actions`` of planner/swap/vdnn.py per mode,
 ``EVERY`` for vDNN's own fallback, ``MODES`` for the parameter).
 
 Departures from the paper, and why
@@ -36,9 +36,9 @@ from simulator.errors import InputError
 from simulator.model.codecs import compressed_bytes
 
 from ..core.api import fits, simulator_for
-from ..core.compression import compress_where, pick_codec, with_codecs
-from ..core.layers import EVERY, MODES, vdnn_actions
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ..shared.compression import compress_where, pick_codec, with_codecs
+from ..swap.vdnn import EVERY, MODES, vdnn_actions
 
 
 @register("cdma", "cDMA: vDNN's offloads compressed in the copy engine (zero-value compression of sparse "
@@ -49,7 +49,7 @@ from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
                   Param("fallback", True, "when vDNN's offloads do not fit: every layer's inputs and saved "
                                           "tensors, compressed alike (marked fallback)")),
           paper="Rhu et al., Compressing DMA Engine: Leveraging Activation Sparsity for Training Deep Neural "
-                "Networks, HPCA 2018")
+                "Networks, HPCA 2018", family="compression")
 def plan_cdma(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, mode="all", codec="auto", fallback=True):
     engine = pick_codec(hardware, codec, "cdma", where="dma", formats=("zvc",))
     if engine is None:

@@ -37,8 +37,8 @@ from __future__ import annotations
 from simulator.errors import InputError
 
 from ..core.api import score, simulator_for
-from ..core.compression import pick_codec, swap_codecs, where_it_pays, with_codecs
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, get_planner, register
+from ..shared.compression import pick_codec, swap_codecs, where_it_pays, with_codecs
 
 
 def resolve_base(name: str):
@@ -61,7 +61,7 @@ def resolve_base(name: str):
                   Param("allow_lossy", False, "let lossy codecs (fp16, bf16, int8) be chosen (CSwap+)")),
           recomputes=True,
           paper="Chen et al., CSWAP: A Self-Tuning Compression Framework for Accelerating Tensor Swapping in "
-                "GPUs, CLUSTER 2021")
+                "GPUs, CLUSTER 2021", family="compression")
 def plan_cswap(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, base="capuchin", codec="auto",
                allow_lossy=False):
     spec = resolve_base(base)

@@ -5,7 +5,7 @@ Encoding for Deep Neural Network Training", ISCA'18).
 What it does
 ------------
 A stashed feature map is an activation whose forward uses all come before its backward
-uses (planner/core/facts.py ``forward_backward_split``). Between its last forward use and its
+uses (planner/shared/facts.py ``forward_backward_split``). Between its last forward use and its
 first backward use Gist keeps it encoded, in the first of these that applies:
 
 - **Binarize** (lossless): a ReLU output whose every later use is ReLU's backward
@@ -54,9 +54,9 @@ from simulator.plan import Plan, decode, encode
 from simulator.profile import profile_sha256
 
 from ..core.api import score, simulator_for
-from ..core.compression import may_encode, pick_codec
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, get_planner, register
-from ..core.facts import forward_backward_split
+from ..shared.compression import may_encode, pick_codec
+from ..shared.facts import forward_backward_split
 
 
 def stashed_maps(profile) -> list[tuple[str, int, int]]:
@@ -135,7 +135,8 @@ def untouched(profile, chosen, actions) -> list:
                                                 "planner's plan, with the encodings it leaves room for (off: "
                                                 "Gist alone)")),
           recomputes=True,    # its fallback (capuchin by default) may recompute: the bound must allow it
-          paper="Jain et al., Gist: Efficient Data Encoding for Deep Neural Network Training, ISCA 2018")
+          paper="Jain et al., Gist: Efficient Data Encoding for Deep Neural Network Training, ISCA 2018",
+          family="compression")
 def plan_gist(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, binarize=True, sparse=True,
               min_saving=0.1, allow_lossy=False, fallback="capuchin"):
     chosen, codecs = choose_encodings(profile, hardware, binarize, sparse, min_saving, allow_lossy)

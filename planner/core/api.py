@@ -14,10 +14,10 @@ from simulator.plan import Plan, PlannerInfo
 from simulator.profile import Profile
 from simulator.result import Result
 
-from .analysis import budget_floor, uvm_floor
-from .bound import Bound, bound_fields, lower_bound
-from .splitting import choose_splits
-from .grouping import group_actions
+from ..shared.bound import Bound, bound_fields, lower_bound
+from ..shared.facts import budget_floor, uvm_floor
+from ..shared.grouping import group_actions
+from ..shared.splitting import choose_splits
 from .registry import RunOptions, get_planner
 
 
@@ -38,9 +38,9 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     The plan's ``planner`` block is the planner report: its status (the planner's own
     verdict unless the simulator finds the plan infeasible or invalid, which it then
     says), parameters, seed, notes, its own estimate when it has one, and the lower
-    bound for this budget (planner/core/bound.py) with the plan's gap to it; ``predicted``
+    bound for this budget (planner/shared/bound.py) with the plan's gap to it; ``predicted``
     holds the simulator's figures. ``group`` aggregates the plan's transfers issued
-    together into groups (R53, planner/core/grouping.py), kept only if the simulator finds
+    together into groups (R53, planner/shared/grouping.py), kept only if the simulator finds
     the grouped plan no slower (the notes say which).
     ``split_ops`` False never runs an op in chunks (R54), as a framework without the
     technique runs it (fit's baseline).

@@ -18,6 +18,8 @@ from typing import Any, Callable
 from simulator.errors import InputError
 from simulator.plan import Action
 
+from .families import FAMILIES, FAMILY_NAMES
+
 
 @dataclass(frozen=True)
 class Param:
@@ -158,25 +160,9 @@ class PlannerSpec:
     memory: str = "explicit"        # "uvm": its plans run in managed memory (R30-R37)
     variants: str | None = None     # the parameter that lets it choose op variants (R52), if it may
     searches: bool = False          # it searches until the run's time limit (a solver, a genetic search)
-    declared_family: str | None = None   # where the flags do not say it (see ``family``)
+    family: str = "swap"            # what kind of plan it makes (one of FAMILIES), as its registration says
+                                    # (a spec made by hand, as a test's stub planner, is a swap planner)
     recompute_param: str | None = None   # a swap planner's parameter that lets it recompute too, if it has one
-
-    @property
-    def family(self) -> str:
-        """What kind of plan it makes (one of ``FAMILIES``): ``unified memory`` for managed
-        memory, ``CPU offload`` when ops run on the host CPU, ``compression`` for the
-        planners of ``planner/compress``, else ``swap`` or ``swap + recompute`` by whether
-        it may recompute; ``recompute`` (it never swaps), ``placement`` and ``baseline`` are
-        declared at registration."""
-        if self.declared_family is not None:
-            return self.declared_family
-        if self.memory == "uvm":
-            return "unified memory"
-        if self.cpu_phases:
-            return "CPU offload"
-        if self.func.__module__.startswith("planner.compress."):
-            return "compression"
-        return "swap + recompute" if self.recomputes else "swap"
 
     def may(self, what: str, resolved: dict[str, Any] | None = None) -> bool:
         """Whether its plans may hold ``what``: ``swap`` (offloads and prefetches, or UVM
@@ -208,15 +194,6 @@ class PlannerSpec:
 
 REGISTRY: dict[str, PlannerSpec] = {}
 
-FAMILIES = {     # family -> how `swapplan planners` titles it, in the order it lists them
-    "baseline": "baseline", "swap": "swap: tensors to host memory or SSD and back",
-    "recompute": "recompute (activation checkpointing): nothing leaves the GPU",
-    "swap + recompute": "swap + recompute: each tensor swapped or recomputed, whichever costs less",
-    "placement": "placement: a swap plan with one arena placed offline (no fragmentation)",
-    "compression": "compression: codecs on the GPU or in the copy engine",
-    "CPU offload": "CPU offload (ZeRO): the optimizer step on the host CPU",
-    "unified memory": "unified memory: the driver pages on demand",
-}
 QUICK = ("none", "vdnn", "lms", "capuchin", "g10", "chen", "uvm")   # compare's default: one or two per
                                                                      # family, each seconds on 11k ops
 START_HERE = ("start here: capuchin (swaps and recomputes, seconds); g10 where the machine has an SSD; uvm when "
@@ -228,26 +205,21 @@ def register(name: str, summary: str, params: tuple[Param, ...] = (), moves_pers
              paper: str = "", recomputes: bool = False, cpu_phases: tuple[str, ...] = (), memory: str = "explicit",
              variants: str | None = None, searches: bool = False, family: str | None = None,
              recompute_param: str | None = None):
-    """Decorator: register a planner function under ``name`` (``variants``: the name of
-    its boolean parameter that lets it choose op variants, for a planner that may;
-    ``recompute_param``: that of a swap planner's boolean parameter that lets it recompute;
-    ``searches``: it runs until the time limit, as solvers and genetic searches do;
-    ``family``: where its flags do not say it, see ``PlannerSpec.family``)."""
+    """Decorator: register a planner function under ``name`` (``family``: what kind of plan
+    it makes, one of ``FAMILIES``, which every planner says, its module being in that
+    family's folder, ``planner/<FOLDERS[family]>/``; ``variants``: the name of its boolean
+    parameter that lets it choose op variants, for a planner that may; ``recompute_param``:
+    that of a swap planner's boolean parameter that lets it recompute; ``searches``: it runs
+    until the time limit, as solvers and genetic searches do)."""
     def wrap(func: Callable[..., Draft]) -> Callable[..., Draft]:
         if name in REGISTRY:
             raise ValueError(f"planner {name!r} registered twice")
+        if family not in FAMILIES:
+            raise ValueError(f"planner {name!r}: family {family!r} is not one of {', '.join(FAMILIES)}")
         REGISTRY[name] = PlannerSpec(name, func, summary, tuple(params), moves_persistent, paper, recomputes,
                                      tuple(cpu_phases), memory, variants, searches, family, recompute_param)
         return func
     return wrap
-
-
-FAMILY_NAMES = {   # what --planners accepts for a family (as ``family:NAME`` or NAME alone)
-    "baseline": "baseline", "swap": "swap", "recompute": "recompute", "swap+recompute": "swap + recompute",
-    "swap-recompute": "swap + recompute", "placement": "placement", "compression": "compression",
-    "compress": "compression", "cpu-offload": "CPU offload", "offload": "CPU offload", "zero": "CPU offload",
-    "uvm": "unified memory", "unified-memory": "unified memory",
-}
 
 
 def select_planners(text: str, where: str = "--planners") -> list[str]:

@@ -17,7 +17,7 @@ ZeRO-Offload (the paper's rules)
    ``optim::cast_master``) are copied up and written into the GPU's weights.
 4. The low-precision weights stay on the GPU; activations are checkpointed when they do
    not fit (the paper uses Megatron's activation checkpointing; here Chen et al.'s
-   segments, the ``chen`` planner's actions, from planner/core/checkpoint.py).
+   segments, the ``chen`` planner's actions, from planner/shared/checkpoint.py).
 
 ZeRO-Infinity (the paper's rules)
 ---------------------------------
@@ -63,9 +63,9 @@ from simulator.plan import drop, load, offload, prefetch, store
 from simulator.profile import Profile
 
 from ..core.api import score, simulator_for
-from ..core.checkpoint import chen_actions, forward_ops
 from ..core.lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ..shared.checkpoint import chen_actions, forward_ops
 
 CPU, GPU = True, False
 
@@ -409,6 +409,7 @@ def _plan(profile, hardware, budget_bytes, options, infinity: bool, ahead: int, 
     recomputes=True,
     cpu_phases=("optimizer",),
     paper="Ren et al., ZeRO-Offload: Democratizing Billion-Scale Model Training, USENIX ATC 2021",
+    family="CPU offload",
 )
 def plan_zero_offload(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, recompute=True):
     return _plan(profile, hardware, budget_bytes, options, infinity=False, ahead=0, recompute=recompute)
@@ -426,6 +427,7 @@ def plan_zero_offload(profile, hardware, budget_bytes, *, options=DEFAULT_OPTION
     cpu_phases=("optimizer",),
     paper="Rajbhandari et al., ZeRO-Infinity: Breaking the GPU Memory Wall for Extreme Scale Deep Learning, "
           "SC 2021",
+    family="CPU offload",
 )
 def plan_zero_infinity(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, ahead=0, recompute=True):
     return _plan(profile, hardware, budget_bytes, options, infinity=True, ahead=ahead, recompute=recompute)

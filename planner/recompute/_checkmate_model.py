@@ -195,7 +195,7 @@ class Formulation:
     ideal time is a fixed column), so that the MIP gap is relative to the iteration."""
 
     def __init__(self, graph: Graph, budget: int):
-        from ..core.highs import Model
+        from ..shared.highs import Model
 
         self.graph, self.budget = graph, budget
         items, nodes, node_of = graph.items, graph.nodes, graph.node_of

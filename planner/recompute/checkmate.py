@@ -101,7 +101,7 @@ Departures from the paper (and why):
   them frees next to nothing and costs their producer's whole time (an attention op's
   2 MB log-sum-exp would cost the attention op again).
 - PuLP is not used to build the model: rows are passed to HiGHS as arrays through
-  planner/core/highs.py (PuLP reports a time-limit stop as "Optimal" even without a
+  planner/shared/highs.py (PuLP reports a time-limit stop as "Optimal" even without a
   solution; the solver's own status, gap and bound are reported, as the other ILP
   planners do).
 """
@@ -114,10 +114,10 @@ import numpy as np
 
 from simulator.plan import drop, recompute
 
-from ._checkmate_model import MS, Formulation, Graph, build_graph, group, recomputable  # noqa: F401
 from ..core.api import score, simulator_for
 from ..core.lowering import DROP, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ._checkmate_model import MS, Formulation, Graph, build_graph, group, recomputable  # noqa: F401
 
 DEFAULT_TIME_LIMIT = 120.0
 DEFAULT_NODES = 120
@@ -187,7 +187,7 @@ def _checked(solution, form: Formulation, gap: float):
     """The solution with its objective taken from its values (HiGHS's own figure can be
     wrong for an incumbent it was given), the gap taken again against the dual bound,
     and the status optimal only within ``gap``."""
-    from ..core.highs import Solution
+    from ..shared.highs import Solution
 
     if solution.values is None:
         return solution

@@ -34,8 +34,8 @@ from __future__ import annotations
 import math
 
 from ..core.api import score, simulator_for
-from ..core.checkpoint import chen_actions, forward_ops
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ..shared.checkpoint import chen_actions, forward_ops
 
 
 @register(

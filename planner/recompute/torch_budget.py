@@ -13,7 +13,7 @@ bytes of saved activations, and when the simulator finds the plan still over the
 (the peak is not only saved activations), the amount grows by what was missing and the
 knapsack is solved again (``rounds``).
 
-Departures: recomputes are lowered as chen's lazy variant lowers them (planner/core/checkpoint.py:
+Departures: recomputes are lowered as chen's lazy variant lowers them (planner/shared/checkpoint.py:
 each dropped tensor recomputed just before the first backward op, or recompute, that
 needs it; a dropped source is recomputed first), with the same R15 checks; PyTorch
 recomputes inside the compiled backward graph instead. FLOPs come from the profile's
@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.api import score, simulator_for
-from ..core.checkpoint import droppable, recompute_plan, segment_of
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ..shared.checkpoint import droppable, recompute_plan, segment_of
 
 FREE_SHARE = 0.1     # what an op without a FLOP count weighs in the knapsack, of its profiled time
 BUCKETS = 2000       # the knapsack's memory resolution

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Callable
 
 from ..core.api import score
-from ..core.regen import Regen, candidates, cover, shortfall
 from ..core.registry import Draft
+from ..shared.regen import Regen, candidates, cover, shortfall
 
 RECOMPUTE_STEP = 1.5   # the recomputed bytes grow (or shrink) by this factor per draft
 

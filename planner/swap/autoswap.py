@@ -6,7 +6,7 @@ an allocator; implemented in Apache SINGA's swap code).
 What it does
 ------------
 AutoSwap reads one iteration's accesses (the ideal timeline of the profile,
-``planner.core.analysis.op_start_us``) and a load curve (the bytes on the GPU at each op with
+``planner.shared.facts.op_start_us``) and a load curve (the bytes on the GPU at each op with
 no swapping, ``profile.resident_bytes``), then:
 
 1. **Candidates.** A candidate is an *absence*: two consecutive accesses ``a < c`` of a
@@ -91,10 +91,10 @@ from simulator.model.links import link_speed
 from simulator.plan import Plan, offload, prefetch
 from simulator.profile import profile_sha256
 
-from ..core.analysis import op_start_us, touches
 from ..core.api import simulator_for
 from ..core.lowering import OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ..shared.facts import op_start_us, touches
 
 WEIGHTS = ("w_doa", "w_aoa", "w_wdoa")
 SMALLEST_PER_BUDGET = 1000   # smallest = -1: tensors under 0.1% of the budget are no candidates
@@ -385,7 +385,7 @@ def tune(model: Model, hardware, given: tuple[float, float, float], trials: int,
                         low=0, high=10000)),
           moves_persistent=False,
           paper="Zhang et al., Efficient Memory Management for GPU-based Deep Learning Systems (AutoSwap), "
-                "arXiv:1903.06631, 2019")
+                "arXiv:1903.06631, 2019", family="swap")
 def plan_autoswap(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, smallest=-1, w_doa=1.0,
                   w_aoa=1.0, w_wdoa=1.0, tune_trials=20) -> Draft:
     if smallest == -1:

@@ -64,10 +64,10 @@ from dataclasses import dataclass
 from simulator.plan import Plan, offload, prefetch
 from simulator.profile import profile_sha256
 
-from ..core.analysis import touches
 from ..core.api import simulator_for
 from ..core.lowering import OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ..shared.facts import touches
 
 AHEADS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -161,7 +161,7 @@ def search(profile, hardware, budget_bytes: int, found: list[Hint], thresholds: 
                                      "keep the fastest)", low=0, also=(-1,))),
           moves_persistent=False,
           paper="Hildebrand et al., CachedArrays: Optimizing Data Movement for Heterogeneous Memory Systems, "
-                "IPDPS 2024")
+                "IPDPS 2024", family="swap")
 def plan_cachedarrays(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, distance=-1, ahead=-1) -> Draft:
     found = hints(profile)
     notes: dict = {"intervals": len(found)}

@@ -14,7 +14,7 @@ What it does
 - **Life-cycle.** For every non-persistent, non-empty tensor, each idle interval between
   two consecutive touches ``a < c`` (made, read or updated; at least one op between) is
   one life-cycle, its length the ideal time between the end of ``a`` and the start of
-  ``c`` (planner.core.analysis.idle_gaps on the profile's ideal timeline).
+  ``c`` (planner.shared.facts.idle_gaps on the profile's ideal timeline).
 - **Swap-out.** Every interval longer than ``threshold`` microseconds is swapped:
   ``offload(t, after=a)``.
 - **Swap-in trigger from estimated completion times.** With SwapIn = latency + bytes /
@@ -63,10 +63,10 @@ from simulator.model.links import link_speed
 from simulator.plan import Plan, offload, prefetch
 from simulator.profile import profile_sha256
 
-from ..core.analysis import idle_gaps, op_start_us
 from ..core.api import simulator_for
 from ..core.lowering import OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ..shared.facts import idle_gaps, op_start_us
 
 GRID = 16        # first pass: the longest 1/16, 2/16, ... of the intervals
 REFINE = 8       # second pass: points between the neighbours of the best
@@ -173,7 +173,7 @@ def search(profile, hardware, budget_bytes: int, found: list[Interval], options)
                                           "swap-in issued just before its use (marked fallback)")),
           moves_persistent=False,
           paper="Meng et al., Training Deeper Models by GPU Memory Optimization on TensorFlow, NIPS 2017 "
-                "Workshop on ML Systems")
+                "Workshop on ML Systems", family="swap")
 def plan_chen_meng(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, threshold=-1.0,
                    fallback=True) -> Draft:
     found = intervals(profile, hardware)

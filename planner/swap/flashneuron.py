@@ -22,7 +22,7 @@ was not available here to check it against):
   serialised on the read queue (from the last use backwards, each must end before the
   next one starts); a prefetch is issued after the last op that ideally ends by its
   start. Then, in order of use, it is issued no earlier than memory allows: not while
-  the estimated memory (``planner.core.estimate``, shared with g10 and capuchin: no-swap
+  the estimated memory (``planner.shared.estimate``, shared with g10 and capuchin: no-swap
   memory, less every offloaded tensor from its offload to its prefetch) plus the tensor
   would pass the budget; and never before the loss, before its own offload, or before
   the prefetch ahead of it on the queue. Without the memory
@@ -60,11 +60,11 @@ from dataclasses import dataclass
 from simulator.model.links import link_speed
 from simulator.plan import Plan, offload, prefetch
 
-from ..core.analysis import op_start_us, touches, working_set
 from ..core.api import simulator_for
-from ..core.estimate import MemoryEstimate
 from ..core.lowering import OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, register
+from ..shared.estimate import MemoryEstimate
+from ..shared.facts import op_start_us, touches, working_set
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def _last_op_ending_by(starts: list[float], moment_us: float) -> int:
     "until the rest fit; prefetch each as late as the SSD read queue allows.",
     moves_persistent=False,
     paper="Bae et al., FlashNeuron: SSD-Enabled Large-Batch Training of Very Deep Neural Networks, "
-          "FAST 2021",
+          "FAST 2021", family="swap",
 )
 def plan_flashneuron(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS):
     tier = "ssd" if hardware.ssd is not None else "host"

@@ -7,7 +7,7 @@ not available here to check that summary against), so every rule below is the
 summary's:
 
 1. Input: every tensor's idle intervals between uses, at kernel granularity
-   (``planner.core.analysis.idle_gaps``; times from the ideal timeline).
+   (``planner.shared.facts.idle_gaps``; times from the ideal timeline).
 2. Greedy: repeatedly take the interval of largest benefit = bytes x (time, inside the
    interval's window, during which the estimated GPU memory is over the budget). The
    window runs from the kernel by which half the tensor could be written out to the
@@ -123,7 +123,7 @@ Departures (and why):
   With ``recompute``, the kernel where the tier falls furthest behind the chosen moves is
   found (``tier_shortfall``: the bytes the moves hold in the tier there, less what it can
   write from the iteration start to it on the ideal timeline); the cheapest recomputable
-  tensors idle there (planner/core/regen.py: R15, their producer's inputs still needed
+  tensors idle there (planner/shared/regen.py: R15, their producer's inputs still needed
   after the recompute) are dropped after their last use and recomputed before their
   next, as many bytes as that shortfall, and G10's greedy plans the rest around them;
   then more (or fewer) bytes by ``RECOMPUTE_STEP`` while the simulated iteration
@@ -133,7 +133,7 @@ Departures (and why):
   bound is 1.234x), with roofline kernel times from 6.75x to 1.60x, and ResNet-152
   b1280 with roofline times from 4.02x to 1.51x; on a100-40gb-pcie4 (host memory only)
   ResNet-152 b512 at 30% of its peak from 5.49 s to 3.47 s (bound 3.39 s). `joint`
-  may return this plan (planner/search/ilp/common.py ``RECOMPUTE_ALSO``). The search is in
+  may return this plan (planner/shared/ilp/common.py ``RECOMPUTE_ALSO``). The search is in
   planner/swap/_g10_recompute.py.
 """
 from __future__ import annotations
@@ -146,12 +146,12 @@ import numpy as np
 from simulator.model.links import LINKS, link_speed, transfer_links
 from simulator.plan import drop, offload, prefetch, recompute
 
-from ..core.analysis import held_per_op, op_start_us, touches
 from ..core.api import score, simulator_for
-from ..core.estimate import MemoryEstimate
-from ..core.regen import Regen
 from ..core.lowering import DROP, PREFETCH, Step, issue_order, phase_of
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ..shared.estimate import MemoryEstimate
+from ..shared.facts import held_per_op, op_start_us, touches
+from ..shared.regen import Regen
 from ._g10_recompute import recompute_spills
 
 
@@ -915,7 +915,7 @@ def g10_drafts(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ss
     moves_persistent=True,
     recompute_param="recompute",
     paper="Zhang et al., G10: Enabling An Efficient Unified GPU Memory and Storage Architecture "
-          "with Smart Tensor Migrations, MICRO 2023",
+          "with Smart Tensor Migrations, MICRO 2023", family="swap",
 )
 def plan_g10(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, ssd=True, rule_factor=2.5, eager_limit=0.99,
              fallback=True, recompute=False):

@@ -13,13 +13,13 @@ What it does
   with no touch after the forward pass) are freed after their use, as the simulator does
   anyway (R7). *Reused* tensors are those made in the forward pass with a later
   (backward or optimizer) touch after all their forward touches
-  (planner.core.facts.forward_backward_split); they are the ones the scheduler moves. Tensors made in
+  (planner.shared.facts.forward_backward_split); they are the ones the scheduler moves. Tensors made in
   backward (gradients) are short-lived and stay.
 - **Offload after use.** A reused tensor is offloaded to host memory after its last
   forward touch (its producer when no forward op reads it); the d2h stream is the
   scheduler's second stream.
 - **Prefetch no earlier than two convolution layers ahead.** Layers are runs of
-  consecutive ops with one ``module`` and phase (planner.core.facts.layer_segments). A backward
+  consecutive ops with one ``module`` and phase (planner.shared.facts.layer_segments). A backward
   layer is a *convolution layer* when one of its ops is a convolution (a word of the op
   name, ``backward`` and the ``aten::`` / autograd prefixes stripped, starting with
   ``conv``: ``convolution_backward``, ``ConvolutionBackward0``, ``cudnn_convolution``).
@@ -55,9 +55,9 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 
-from ..core.facts import forward_maps, layer_segments
 from ..core.lowering import host_swaps
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ..shared.facts import forward_maps, layer_segments
 
 FULLY_CONNECTED = frozenset({"linear", "addmm", "mm", "matmul"})
 
@@ -112,7 +112,7 @@ def gtbm_swaps(profile, conv_ahead: int) -> tuple[list[tuple[str, int, int, int]
           params=(Param("conv_ahead", 2, "convolution layers of lead for a prefetch (the copy overlaps at most "
                                          "this many)", low=1, high=100000),),
           moves_persistent=False,
-          paper="GTBM, HPDC 2020 (paper not located; implemented from the seed description)")
+          paper="GTBM, HPDC 2020 (paper not located; implemented from the seed description)", family="swap")
 def plan_gtbm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, conv_ahead=2) -> Draft:
     if profile.peak_bytes <= budget_bytes:
         return Draft(actions=[], notes={"offloaded": 0, "why": "the iteration fits the budget: nothing moves"})

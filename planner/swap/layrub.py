@@ -10,13 +10,13 @@ the GPU between their forward and backward uses). This planner is the inter-laye
 What it does
 ------------
 - A *layer* is a run of consecutive ops with one ``module`` and phase
-  (planner.core.facts.layer_segments; an op without a module is a layer of its own): Caffe's
+  (planner.shared.facts.layer_segments; an op without a module is a layer of its own): Caffe's
   layers, forward and backward.
 - **Offload at forward reference count zero.** Layrub counts, for each feature map, the
   forward layers still to read it; when the count reaches zero the map is copied to host
   memory. Here that is every non-empty tensor made in the forward pass whose forward
   touches all precede its first later (backward or optimizer) touch
-  (planner.core.facts.forward_backward_split; gradients and other tensors made in backward are not
+  (planner.shared.facts.forward_backward_split; gradients and other tensors made in backward are not
   feature maps and stay):
   ``offload(t, after=<its last forward touch>)`` (its producer when no forward op reads
   it). In-place updates in the forward pass count as touches, so the offload follows
@@ -53,9 +53,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from ..core.facts import forward_maps, layer_segments
 from ..core.lowering import host_swaps
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ..shared.facts import forward_maps, layer_segments
 
 
 def layrub_swaps(profile, ahead: int) -> tuple[list[tuple[str, int, int, int]], int]:
@@ -81,7 +81,7 @@ def layrub_swaps(profile, ahead: int) -> tuple[list[tuple[str, int, int, int]], 
                                     "needs it)", low=1, high=100000),),
           moves_persistent=False,
           paper="Jin et al., Layer-Centric Memory Reuse and Data Migration for Extreme-Scale Deep Learning on "
-                "Many-Core Architectures (Layrub), ACM TACO 2018")
+                "Many-Core Architectures (Layrub), ACM TACO 2018", family="swap")
 def plan_layrub(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, ahead=1) -> Draft:
     if profile.peak_bytes <= budget_bytes:
         return Draft(actions=[], notes={"offloaded": 0, "why": "the iteration fits the budget: nothing moves"})

@@ -298,7 +298,7 @@ def tune_knobs(tuner: Tuner, threshold: int, ahead: int, groupby: int) -> tuple[
                                           "threshold 1, ahead 1, groupby 0)")),
           moves_persistent=False,
           paper="Le et al., TFLMS: Large Model Support in TensorFlow by Graph Rewriting, arXiv:1807.02037 "
-                "(2018); IBM tensorflow-large-model-support v2")
+                "(2018); IBM tensorflow-large-model-support v2", family="swap")
 def plan_lms(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, swapout_threshold=-1, swapin_ahead=-1,
              swapin_groupby=0, autotune=True):
     levels = topological_levels(profile)

@@ -86,9 +86,9 @@ from simulator.model.links import link_speed
 from simulator.plan import Plan, offload, prefetch
 from simulator.profile import Profile, profile_sha256
 
-from ..core.analysis import op_start_us, touches
 from ..core.lowering import OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ..shared.facts import op_start_us, touches
 
 UNITS = 512   # the cover's dynamic program quantises sizes to 1/UNITS of the deficit
 
@@ -359,7 +359,7 @@ def _rank(result) -> tuple:
                         choices=("best", "queue", "alone")),
                   Param("variants", True, "choose op variants (R52) after offloading")),
           moves_persistent=False, variants="variants",
-          paper="Chen, Chen, Hu, moDNN: Memory Optimal DNN Training on GPUs, DATE 2018")
+          paper="Chen, Chen, Hu, moDNN: Memory Optimal DNN Training on GPUs, DATE 2018", family="swap")
 def plan_modnn(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, rounds=2000, ahead=1.0,
                prefetch="best", variants=True) -> Draft:
     has_variants = variants and any(op.variants for op in profile.ops)

@@ -9,7 +9,7 @@ one interval ahead of its next use. The interval length is chosen by trying valu
 
 What it does (explicit mode: the plan's copies are the only ones)
 -----------------------------------------------------------------
-- Layers are runs of consecutive ops with one ``module`` and phase (planner.core.facts); an
+- Layers are runs of consecutive ops with one ``module`` and phase (planner.shared.facts); an
   interval of length ``m`` is ``m`` consecutive layers.
 - *Short-lived* tensors (made and last used within one layer) stay on the GPU. Every
   other tensor, weights and optimizer state included, is long-lived.
@@ -43,9 +43,9 @@ from simulator.plan import Plan, offload, prefetch
 from simulator.profile import profile_sha256
 
 from ..core.api import simulator_for
-from ..core.facts import layer_segments, touch_map
 from ..core.lowering import OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ..shared.facts import layer_segments, touch_map
 
 INTERVALS = (1, 2, 3, 4, 6, 8, 12, 16)
 
@@ -88,7 +88,7 @@ def sentinel_actions(profile, interval: int) -> tuple[list, dict]:
                         also=(-1,)),),
           moves_persistent=True,
           paper="Ren et al., Sentinel: Efficient Tensor Migration and Allocation on Heterogeneous Memory Systems "
-                "for Deep Learning, HPCA 2021")
+                "for Deep Learning, HPCA 2021", family="swap")
 def plan_sentinel(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, interval=-1) -> Draft:
     if interval != -1:
         actions, notes = sentinel_actions(profile, interval)

@@ -73,7 +73,7 @@ from simulator.profile import profile_sha256
 from ..core.api import simulator_for
 from ..core.lowering import OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
-from ..core.facts import read_ops, touch_map
+from ..shared.facts import read_ops, touch_map
 from ._driver import backing
 
 LOOKAHEADS = (1, 2, 4, 8, 16, 32, 64)
@@ -157,7 +157,8 @@ def pre_evictions(profile, touched: dict, budget_bytes: int, k: int) -> list[tup
                   Param("pre_evict", True, "offload tensors idle past the lookahead where memory runs short "
                                            "(tuning also tries without)")),
           moves_persistent=True, memory="uvm",
-          paper="Jung, Kim, Lee, DeepUM: Tensor Migration and Prefetching in Unified Memory, ASPLOS 2023")
+          paper="Jung, Kim, Lee, DeepUM: Tensor Migration and Prefetching in Unified Memory, ASPLOS 2023",
+          family="unified memory")
 def plan_deepum(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, lookahead=-1, pre_evict=True) -> Draft:
     tier = backing(hardware)
     if lookahead != -1:

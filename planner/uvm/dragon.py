@@ -46,7 +46,8 @@ from ._driver import UVM_PAPER
 @register("dragon", "DRAGON: unified memory backed by a file on the NVMe SSD, with the host page cache in "
                     "front (R35); demand paging, no hints.",
           moves_persistent=True, memory="uvm",
-          paper="Markthub et al., DRAGON: Breaking GPU Memory Capacity Limits with Direct NVM Access, SC 2018")
+          paper="Markthub et al., DRAGON: Breaking GPU Memory Capacity Limits with Direct NVM Access, SC 2018",
+          family="unified memory")
 def plan_dragon(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS) -> Draft:
     if hardware.ssd is None:
         raise InfeasibleError(f"planner 'dragon' maps managed memory to a file on the SSD, and {hardware.name} "

@@ -8,7 +8,7 @@ hints on them.
 What it does
 ------------
 - The plan runs in UVM mode (R30-R37). A *layer* is a run of consecutive ops with one
-  ``module`` and phase (planner.core.facts.layer_segments): a layer's forward, or its backward.
+  ``module`` and phase (planner.shared.facts.layer_segments): a layer's forward, or its backward.
 - For every layer L, each tensor L's ops read or update is prefetched
   (``prefetch(t, after=<op before layer L - ahead>, before=<first op of L using t>)``):
   issued when layer ``L - ahead`` starts, so with ``ahead`` = 1 (the default) the
@@ -38,7 +38,7 @@ from simulator.plan import prefetch
 
 from ..core.lowering import PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
-from ..core.facts import layer_segments, read_ops
+from ..shared.facts import layer_segments, read_ops
 from ._driver import backing
 
 
@@ -69,7 +69,7 @@ def oc_dnn_actions(profile, tier: str, ahead: int) -> list:
                   Param("read_mostly", True, "advise weights read-mostly (cudaMemAdviseSetReadMostly)")),
           moves_persistent=True, memory="uvm",
           paper="Awan et al., OC-DNN: Exploiting Advanced Unified Memory Capabilities in CUDA 9 and Volta GPUs "
-                "for Out-of-Core DNN Training, HiPC 2018")
+                "for Out-of-Core DNN Training, HiPC 2018", family="unified memory")
 def plan_oc_dnn(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, ahead=1, read_mostly=True) -> Draft:
     actions = oc_dnn_actions(profile, backing(hardware), ahead)
     advised = tuple(t.id for t in profile.tensors if t.kind == "weight" and t.bytes) if read_mostly else ()

@@ -23,11 +23,11 @@ Departures, and why
    inactive blocks does, so dead data is never written back. A machine whose ``uvm``
    section says ``caching_allocator: true`` models the pool instead (R38: freed blocks
    stay resident, are written back when evicted, and are reused by new outputs).
-3. **Any budget holding each op's outputs.** The planner's floor (planner.core.analysis.
+3. **Any budget holding each op's outputs.** The planner's floor (planner.shared.facts.
    uvm_floor) is the largest op's outputs and workspace, or one fault batch: an op whose
    inputs do not fit streams through them (R32 as docs/simulation.md extends it).
 
-The helpers the UVM-era planners share are in planner/core/facts.py (layer segments,
+The helpers the UVM-era planners share are in planner/shared/facts.py (layer segments,
 every tensor's touches, an op's reads) and uvm/_driver.py (the backing tier, the citation).
 """
 from __future__ import annotations
@@ -39,6 +39,6 @@ from ._driver import UVM_PAPER, backing
 @register("uvm", "Plain unified memory: every tensor in managed memory, no hints; blocks fault in on use and "
                  "the least recently arrived are evicted (the UVM papers' baseline; runs at any budget that holds "
                  "each op's outputs and workspace).",
-          moves_persistent=True, memory="uvm", paper=UVM_PAPER)
+          moves_persistent=True, memory="uvm", paper=UVM_PAPER, family="unified memory")
 def plan_uvm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS) -> Draft:
     return Draft(actions=[], memory="uvm", notes={"hints": 0, "backing": backing(hardware)})

@@ -76,7 +76,7 @@ from simulator.model.links import link_speed, transfer_links
 from simulator.model.recompute import recomputable_until
 from simulator.profile import Profile
 
-from .analysis import fastest_time_us, least_workspace, op_start_us
+from .facts import fastest_time_us, least_workspace, op_start_us
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ read here), so the rules below are that summary's, and where the summary leaves 
 is listed under departures.
 
 1. Access sequence: from the profile on its ideal timeline
-   (``planner.core.analysis.op_start_us``), each non-persistent tensor's accesses (the ops
+   (``planner.shared.facts.op_start_us``), each non-persistent tensor's accesses (the ops
    that produce, read or update it, and, once chosen, the recomputes that read it). An
    access pair (evicted-access ``e``, back-access ``c``) is two consecutive accesses with
    at least one op between them.
@@ -17,7 +17,7 @@ is listed under departures.
    ``e`` + SwapTime; SwapInStart = start of ``c`` - SwapTime; FreeTime FT = SwapInStart -
    SwapOutEnd. Recompute time = the producer's time (plus a chain's, step 5).
 3. Candidates: the pairs whose idle interval holds an op over the budget. The memory
-   estimate (``planner.core.estimate``, shared with g10 and flashneuron) starts from
+   estimate (``planner.shared.estimate``, shared with g10 and flashneuron) starts from
    ``profile.resident_bytes`` and is updated after every choice (a
    tensor counts as off the GPU from the first op starting after its offload ends, or
    after its drop, up to its prefetch's trigger, or up to its recompute); the memory to
@@ -139,12 +139,12 @@ from simulator.model.links import link_speed, transfer_links
 from simulator.model.recompute import recompute_problem, recompute_scratch
 from simulator.plan import Action, drop, offload, prefetch, recompute
 
-from ..core.analysis import op_start_us, touches
-from ..core.copy_queue import Copy, CopyQueue, queue_stall
 from ..core.api import score, simulator_for
 from ..core.lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
-from ..core.estimate import MemoryEstimate
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ..shared.copy_queue import Copy, CopyQueue, queue_stall
+from ..shared.estimate import MemoryEstimate
+from ..shared.facts import op_start_us, touches
 
 SWAP, RECOMPUTE = "swap", "recompute"
 HOST, SSD = "host", "ssd"
@@ -979,6 +979,7 @@ def _judged_plan(sim, budget_bytes, swap: bool, recompute: bool, feedback_rounds
     moves_persistent=False,
     recomputes=True,
     paper="Peng et al., Capuchin: Tensor-based GPU Memory Management for Deep Learning, ASPLOS 2020",
+    family="swap + recompute",
 )
 def plan_capuchin(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, feedback_rounds=10, feedback_step=0.05,
                   recompute=True, ssd=True, swap=True):

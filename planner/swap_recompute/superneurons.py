@@ -50,7 +50,7 @@ Mapping to this project
   early: when the backward reaches the ``ahead``-th offload candidate needed before it,
   or at the end of the forward pass when there are fewer (the paper's one layer ahead is
   ``ahead=1``; 0 is on demand), and later than that if the op-level memory estimate
-  (planner/core/estimate.py) has no room for it yet, never before an earlier-needed one.
+  (planner/shared/estimate.py) has no room for it yet, never before an earlier-needed one.
 - **Choice** (``recompute=auto``, ``offload=lru``, ``ahead=-1``): nothing when the profile
   fits; otherwise, for each recomputation mode (``off``, all speed-centric, the paper's
   rule per segment, all memory-centric) and each prefetch distance of 1, 2, 4, ... and
@@ -122,10 +122,10 @@ from simulator.model.recompute import recompute_problem, recompute_scratch
 from simulator.plan import Action, Plan, drop, offload, prefetch, recompute
 from simulator.profile import Profile
 
-from ..core.analysis import working_set
-from ..core.estimate import MemoryEstimate
 from ..core.lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
+from ..shared.estimate import MemoryEstimate
+from ..shared.facts import working_set
 
 OFF = "off"          # not "none": the parameter parser reads none as a missing value
 RECOMPUTE_MODES = ("auto", OFF, "speed", "paper", "memory")
@@ -591,7 +591,7 @@ def _notes(search: _Search, best: Candidate, wide: bool) -> dict:
     moves_persistent=False,
     recomputes=True,
     paper="Wang et al., SuperNeurons: Dynamic GPU Memory Management for Training Deep Neural Networks, "
-          "PPoPP 2018",
+          "PPoPP 2018", family="swap + recompute",
 )
 def plan_superneurons(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, recompute="auto",
                       offload="lru", ahead=-1, fc=True, fallback=True):

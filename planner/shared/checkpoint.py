@@ -17,7 +17,7 @@ from simulator.model.recompute import recompute_problem
 from simulator.plan import drop, recompute
 from simulator.profile import Profile
 
-from .lowering import DROP, Step, issue_order
+from ..core.lowering import DROP, Step, issue_order
 
 
 def forward_ops(profile: Profile) -> list[int]:

@@ -19,7 +19,7 @@ Every action follows from the plan's own structure (R11-R16, R21), so a decoded 
 always valid; it may be infeasible (the estimate ignores copy times), and the simulator
 then ranks it by how far over the budget it goes.
 
-The decoder runs in C when its extension is built (planner/search/swapadvisor/_fastdecode.c,
+The decoder runs in C when its extension is built (planner/swap_recompute/swapadvisor/_fastdecode.c,
 the same steps with the same arithmetic: identical plans); ``Decoder.reference`` is
 this Python decoder, the reference and the fallback.
 """

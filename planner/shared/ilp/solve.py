@@ -1,36 +1,12 @@
-"""``autotm`` and ``tmof``: swap MILPs on the interval formulation (planner/search/ilp/intervals.py),
-solved by HiGHS, with a heuristic plan as the fallback so that a plan always comes back.
+"""How the swap MILPs run: ``solve_swap_milp`` builds the interval MILP (rows.py, over the
+candidates of candidates.py), solves it by HiGHS (planner/shared/highs.py), decodes it
+(decode.py) and judges it against a heuristic plan, the fallback, so that a plan always
+comes back; ``MILP_PARAMS`` are the parameters the planners on it share. The planners:
+``autotm`` and ``tmof`` (planner/swap/autotm.py, tmof.py) and ``joint``
+(planner/swap_recompute/joint.py); deeptm (planner/swap/deeptm.py) solves the same MILP
+its own way.
 
-``autotm`` follows Hildebrand et al., "AutoTM: Automatic Tensor Movement in Heterogeneous
-Memory Systems using Integer Linear Programming", ASPLOS 2020, as summarised from the
-paper: per tensor, where it lives between uses (GPU, or here host memory or SSD);
-asynchronous moves within a window of kernels of a use (``window``, 15 in the paper);
-memory at every kernel; each kernel's time the larger of its compute and the copies
-overlapped with it. Departures: a tensor's location is chosen per idle interval, not by
-a flow network (equivalent for moves that go out and come back once per interval);
-synchronous moves are the window's edge cases (release two ops after the last use,
-prefetch issued right before the next; where the window's model has no plan, a fetch position
-at the op before the use, which waits for the copy: ``candidates(sync=True)``); the write-once
-saving for read-only tensors is not modelled (every moved interval is written out, R16 makes that exact for tensors
-updated in place); a weight or optimizer state starts the iteration in host memory only
-where an op over the budget comes before its first touch (``initial``, off by default; a wrap candidate:
-fetched before its first touch, written back after its last); fragmentation does not
-exist here (R2 counts bytes). The SSD tier is left out when host memory holds every
-candidate and a host copy is never slower (``slower_tiers_dominated``).
-
-``tmof`` follows the spirit of Lin et al., "TMOF: Tensor Movement Orchestration Framework
-for ...", HPCA 2023, whose MILP is not public: host memory only, the two PCIe directions
-as separate channels that overlap (bidirectional overlapping), and TMOF's
-channel-contention avoidance as a token: no two offloads in flight in any step. Departure:
-TMOF's disjoint swapping between GPUs has no counterpart on one GPU.
-
-``joint`` is this project's: the same intervals may instead be dropped and recomputed
-(Checkmate's recompute ILP, Jain et al., MLSys 2020, on the interval form rather than
-Checkmate's O(n^2) stages), with recompute chains (a source dropped across the recompute
-is regenerated first) and recomputes that read a swapped source brought back early (its
-prefetch due at the recompute, as Capuchin retargets it).
-
-All: the MILP's objective is its predicted iteration time (the sum of step times), and
+For all three: the MILP's objective is its predicted iteration time (the sum of step times), and
 HiGHS's dual bound is a proven lower bound on that objective for this formulation (not on
 every plan: it fixes the op order, the windows and the candidate intervals). The heuristic
 fallback (the fastest simulated of g10's, lms's and autoswap's plans, g10 host only for tmof;
@@ -57,7 +33,7 @@ deadline, the model's finishing order, earliest deadline among those issued), ea
 the model's fetch positions and ``EARLIER`` ops before them, with the offloads at the
 last use or after the last write before it (common.py ``offload_points``, as LMS issues
 them), and the fastest simulated is kept; it is refined (refine.py) and, with ``polish``,
-polished last (planner/core/polish.py: small changes to its swaps the simulator judges).
+polished last (planner/shared/polish.py: small changes to its swaps the simulator judges).
 
 Where the model's time departs from the simulator's (docs/ilp.md): an offload must end
 within ``window`` ops of its last use (the paper's window; the simulator lets it run on,
@@ -75,19 +51,20 @@ copy rows (a far tighter LP relaxation) and the offload streams' FIFO queue as r
 copy issued late cannot end ahead of the queue): its timing matches the simulator's at
 GPT-2's peak, but at 20 s on 2 cores HiGHS does not get past its first incumbents
 (docs/ilp.md).
+
 """
 from __future__ import annotations
 
 import time
 
 from ...core.api import score, simulator_for
-from ...core.registry import DEFAULT_OPTIONS, Draft, Param, RunOptions, register
-from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, POLISH, RECOMPUTE_ALSO, RECOMPUTE_HEURISTICS,
-                     START_POSITIONS, SWAP_HEURISTICS, best_heuristic, best_start,
-                     fix_by_relaxation, lower_fastest, short_op, why_no_solution)
-from .intervals import (MS, Formulation, candidates, decode_chains, recomputes, same_choices, slower_tiers_dominated,
-                        wrap_candidates)
+from ...core.registry import Draft, Param, RunOptions
+from .candidates import MS, candidates, recomputes, slower_tiers_dominated, wrap_candidates
+from .common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, POLISH, best_start, fix_by_relaxation, lower_fastest, short_op,
+                     why_no_solution)
+from .decode import decode_chains, same_choices
 from .refine import at_positions_of, polish_s, polished, refine, round_s
+from .rows import Formulation
 
 
 def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tiers: tuple[str, ...], window: int,
@@ -197,7 +174,7 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
                  estimate_us=estimate, notes=notes)
 
 
-_COMMON = (
+MILP_PARAMS = (   # the parameters every planner on solve_swap_milp takes, last
     POLISH,
     Param("gap", 1e-3, "stop when the solution is proven within this relative gap of the optimum",
           low=0.0, high=1.0),
@@ -205,75 +182,3 @@ _COMMON = (
                                 "relaxation by IPM; candidates it leaves unused are fixed to stay)",
           low=1, high=10**9),
 )
-
-
-@register(
-    "autotm",
-    "AutoTM (ASPLOS'20): MILP over where each tensor lives between uses (GPU, host, SSD), "
-    "asynchronous moves within a window of kernels, each kernel as long as its compute or its copies.",
-    params=(Param("window", 15, "ops before / after a use within which a move may run", low=1, high=4096),
-            Param("ssd", True, "allow the SSD tier (when the hardware has one)"),
-            Param("reach", False, "positions only at ops over the budget, past the window up to the interval's "
-                                  "ends (spaced out), copies in pieces between them, running-sum copy rows and "
-                                  "the offload streams' FIFO queue in the model (docs/ilp.md: experimental, "
-                                  "slower to solve)"),
-            Param("far", 0, "release positions past the window, at ops over the budget 1, 2, 4, ... apart "
-                            "(an offload queued on the link frees memory later, not never)", low=0, high=16),
-            Param("initial", False, "weights and optimizer state may start the iteration in host memory, "
-                                   "fetched before their first use and written back after their last"),
-            START_POSITIONS) + _COMMON,
-    moves_persistent=True,
-    paper="Hildebrand et al., AutoTM: Automatic Tensor Movement in Heterogeneous Memory Systems "
-          "using Integer Linear Programming, ASPLOS 2020",
-    searches=True,
-)
-def plan_autotm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=15, ssd=True, reach=False,
-                far=0, initial=False, start_positions=False, polish=True, gap=1e-3, fix_above=100_000):
-    tiers = ("host", "ssd") if ssd and hardware.ssd is not None else ("host",)
-    heuristics = SWAP_HEURISTICS if "ssd" in tiers else HOST_HEURISTICS
-    return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=tiers, window=window, token=False,
-                           gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes, heuristics, options),
-                           fix_above=fix_above, reach=reach, far=far, wrap=initial, start_positions=start_positions,
-                           polish=polish)
-
-
-@register(
-    "tmof",
-    "TMOF (HPCA'23), in spirit: host-only swap MILP with the two PCIe directions overlapping; "
-    "its channel-contention token (one offload in flight) optional.",
-    params=(Param("window", 20, "ops before / after a use within which a move may run", low=1, high=4096),
-            Param("token", False, "TMOF's contention avoidance as a constraint: never two offloads in flight "
-                                  "in one step (FIFO streams already serialise them; this also forbids issuing "
-                                  "one while another runs, and makes the MILP much harder)"),
-            START_POSITIONS) + _COMMON,
-    moves_persistent=True,
-    paper="Lin et al., TMOF: tensor movement orchestration, HPCA 2023 (formulation not public: "
-          "this one is written in its spirit)",
-    searches=True,
-)
-def plan_tmof(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, token=False,
-              start_positions=False, polish=True, gap=1e-3, fix_above=100_000):
-    return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=token,
-                           gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes, HOST_HEURISTICS, options),
-                           fix_above=fix_above, start_positions=start_positions, polish=polish)
-
-
-@register(
-    "joint",
-    "One MILP over swapping to host and recomputing each idle interval (Checkmate's and OffMate's idea on "
-    "the interval formulation), starting from the fastest of capuchin's, g10's and lms's plans; the fastest of "
-    "those and of g10's recomputing what the link cannot move in time is the fallback.",
-    params=(Param("window", 20, "ops before / after a use within which a move may run", low=1, high=4096),)
-    + _COMMON,
-    moves_persistent=True,
-    recomputes=True,
-    paper="Jain et al., Checkmate, MLSys 2020 (recompute ILP); Rockmate's OffMate notes (per-step channel "
-          "limits): the joint formulation here is this project's",
-    searches=True,
-)
-def plan_joint(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, window=20, polish=True, gap=1e-3,
-               fix_above=100_000):
-    return solve_swap_milp(profile, hardware, budget_bytes, options, tiers=("host",), window=window, token=False,
-                           gap=gap, fallback=best_heuristic(profile, hardware, budget_bytes, RECOMPUTE_HEURISTICS,
-                                                            options, also=RECOMPUTE_ALSO),
-                           recompute_too=True, fix_above=fix_above, polish=polish)

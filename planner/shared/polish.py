@@ -29,8 +29,8 @@ import numpy as np
 
 from simulator.plan import offload, prefetch
 
-from .analysis import idle_gaps, op_start_us
-from .api import score
+from ..core.api import score
+from .facts import idle_gaps, op_start_us
 
 PREFETCH_SHIFTS = (-16, -4, -1, 1, 4, 16)
 OFFLOAD_DELAYS = (1, 3)

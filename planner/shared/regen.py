@@ -17,7 +17,7 @@ import numpy as np
 from simulator.model.recompute import recompute_problem
 from simulator.profile import Profile
 
-from .analysis import held_per_op, idle_gaps, op_start_us, touches
+from .facts import held_per_op, idle_gaps, op_start_us, touches
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """``none``: swap nothing. The baseline every other planner is compared with."""
 from __future__ import annotations
 
-from .registry import DEFAULT_OPTIONS, Draft, register
+from ..core.registry import DEFAULT_OPTIONS, Draft, register
 
 
 @register("none", "Swap nothing: every tensor stays on the GPU (the no-swap baseline).", family="baseline")

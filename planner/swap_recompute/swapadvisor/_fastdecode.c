@@ -1,5 +1,5 @@
 /*
- * The swapadvisor decoder in C (planner/search/swapadvisor/decode.py, ABI 2).
+ * The swapadvisor decoder in C (planner/swap_recompute/swapadvisor/decode.py, ABI 2).
  *
  * One call, `_fastdecode.decode(problem, persistent_bytes, budget, order, weight, remakable)`,
  * does for one chromosome what Decoder.reference does in Python (Layout, _evict,
@@ -780,7 +780,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastdecode",
-                                    "The swapadvisor decoder in C (planner/search/swapadvisor/decode.py is the reference).",
+                                    "The swapadvisor decoder in C (planner/swap_recompute/swapadvisor/decode.py is the reference).",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__fastdecode(void) {

@@ -29,7 +29,7 @@ DEFAULT_LIMIT_S = 60.0
 @register("best", "A portfolio: the fast planners (capuchin, g10 with recompute, lms, flashneuron, vdnn, chen, "
                   "torch-budget), then swapadvisor and joint with the time left of --time-limit (60 s by default); "
                   "the fastest plan that fits, and which planner made it.",
-          moves_persistent=True, recomputes=True, searches=True)
+          moves_persistent=True, recomputes=True, searches=True, family="swap + recompute")
 def plan_best(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS) -> Draft:
     started = time.perf_counter()
     limit = options.time_limit if options.time_limit is not None else DEFAULT_LIMIT_S

@@ -16,7 +16,7 @@ import of another planner here) and fixes three things the paper measured:
 - **Offloaded data is compressed where that pays** (the seed's addition), by CSWAP's
   rule over the machine's compute codecs (planner/compress/cswap.py, R41).
 - **One arena, placed offline** (its allocation-order heuristics against fragmentation):
-  the plan gets a ``placement`` by SmartPool's interval colouring (planner/core/placement.py,
+  the plan gets a ``placement`` by SmartPool's interval colouring (planner/shared/placement.py,
   R50), so fragmentation cannot cost memory; the arena is reported beside the peak.
 
 Each fix is kept only if the simulator finds the plan still fits and is no slower.
@@ -43,12 +43,12 @@ from simulator.model.links import link_speed
 from simulator.plan import Placement, Plan
 from simulator.profile import profile_sha256
 
-from ..core.analysis import op_start_us
 from ..core.api import score, simulator_for
-from ..core.compression import swap_codecs, where_it_pays, with_codecs
-from ..core.placement import METHODS, lifetimes, place_blocks
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
-from .vdnn import plan_vdnn
+from ..shared.compression import swap_codecs, where_it_pays, with_codecs
+from ..shared.facts import op_start_us
+from ..shared.placement import METHODS, lifetimes, place_blocks
+from ..swap.vdnn import plan_vdnn
 
 
 def early_prefetches(profile, hardware, actions) -> list:

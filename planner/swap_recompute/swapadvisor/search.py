@@ -214,7 +214,7 @@ def plot_history(history: History, path: str, title: str) -> None:
     recomputes=True,
     paper="Huang, Jin, Li: SwapAdvisor: Pushing Deep Learning Beyond the GPU Memory Limit via Smart Swapping, "
           "ASPLOS 2020",
-    searches=True,
+    searches=True, family="swap + recompute",
 )
 def plan_swapadvisor(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, population=32, generations=200,
                      mutation_rate=0.1, patience=20, jobs=1, dask="", plot="", seeds=SEEDS):

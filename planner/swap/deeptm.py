@@ -11,7 +11,7 @@ transaction.
 What it does
 ------------
 1. **Heat.** Every tensor with an idle interval that the swap ILP could move (the
-   candidates of planner/search/ilp/intervals.py: intervals of at least four ops spanning an
+   candidates of planner/shared/ilp/candidates.py: intervals of at least four ops spanning an
    op over the budget, host tier) is rated on four features, each turned into its
    percentile rank r in [0, 1] among those tensors:
 
@@ -29,7 +29,7 @@ What it does
    tensors with the highest heat stay on the GPU (none of their intervals is a
    candidate).
 2. **Swap ILP over the cold tensors** (host memory only). The project's interval MILP
-   (planner/search/ilp/intervals.py, as ``tmof`` uses it without the token) is built over the
+   (planner/shared/ilp/rows.py, as ``tmof`` uses it without the token) is built over the
    cold tensors' candidate intervals and solved by HiGHS within the time limit
    (``--time-limit``, default 60 s; a model above ``fix_above`` columns is reduced by
    LP-guided fixing first). If the cold tensors cannot cover some op's excess over the
@@ -39,9 +39,9 @@ What it does
    every candidate in the time left. The solution is lowered, refined and polished as
    tmof's is (each prefetch queue order tried, the fastest simulated kept; ``polish``).
    The fastest of g10's host-only plan, lms's and autoswap's
-   (planner/search/ilp/common.py ``best_heuristic``; with
+   (planner/shared/ilp/common.py ``best_heuristic``; with
    ``start_positions`` the model first gains the positions its moves ran at, refine.py
-   ``at_positions_of``) is the MILP's start where the model has its moves (planner/search/ilp/common.py
+   ``at_positions_of``) is the MILP's start where the model has its moves (planner/shared/ilp/common.py
    ``best_start``; hot tensors' moves are not, and moves are added where it needs more
    memory freed), the fallback when the solver finds nothing, and is returned instead
    only when the simulator runs it strictly faster.
@@ -65,7 +65,7 @@ Departures from the paper, and why
    candidates decides them: its objective is the predicted iteration time with the
    copies' time in it (migration cost), and memory within the budget at every op is a
    constraint (no OOM), so it optimises what the reward scores, within its time limit.
-   The MILP is this project's (planner/search/ilp), not DeepTM's ILP model, whose exact form
+   The MILP is this project's (planner/shared/ilp), not DeepTM's ILP model, whose exact form
    is not public to us.
 3. **The four features are this module's choice.** The summary we have says "four
    weighted features" without naming them; the four above are the access pattern facts
@@ -90,13 +90,14 @@ import numpy as np
 from simulator.model.links import link_speed
 from simulator.plan import Action
 
-from ..core.analysis import op_start_us, touches
 from ..core.api import score, simulator_for
 from ..core.registry import DEFAULT_OPTIONS, Draft, Param, register
-from .ilp.common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, POLISH, START_POSITIONS_ON,
-                         best_heuristic, best_start, fix_by_relaxation, lower_fastest, why_no_solution)
-from .ilp.intervals import Formulation, candidates
-from .ilp.refine import at_positions_of, polish_s, polished, refine, round_s
+from ..shared.facts import op_start_us, touches
+from ..shared.ilp.candidates import candidates
+from ..shared.ilp.common import (DEFAULT_GAP, DEFAULT_TIME_LIMIT, HOST_HEURISTICS, POLISH, START_POSITIONS_ON,
+                                 best_heuristic, best_start, fix_by_relaxation, lower_fastest, why_no_solution)
+from ..shared.ilp.refine import at_positions_of, polish_s, polished, refine, round_s
+from ..shared.ilp.rows import Formulation
 
 WINDOW = 20
 
@@ -317,7 +318,7 @@ def best_aggregation(sim, budget: int, actions: list[Action], initial: dict, pag
 
 def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_above: int, fallback, notes: dict,
                start_positions: bool = False, window: int | None = None, polish: bool = True):
-    """tmof's solve (planner/search/ilp/planners.py ``solve_swap_milp``) over the given
+    """tmof's solve (planner/shared/ilp/solve.py ``solve_swap_milp``) over the given
     candidates: (actions, initial, status, gap, estimate)."""
     started = time.perf_counter()
     deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
@@ -358,7 +359,7 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
         notes.update(fallback=f"over the cold tensors, {why}: the heuristic plan")
         return backup.actions, backup.initial, "heuristic", None, None
     lowering = time.perf_counter()
-    best = lower_fastest(profile, sim, budget, form, solution.values, advances=(0,))   # offloads as planners.py
+    best = lower_fastest(profile, sim, budget, form, solution.values, advances=(0,))   # offloads as solve.py
     first_us = best.estimate_us
     best, rounds = refine(form, sim, budget, best, deadline + rounds_s - (time.perf_counter() - lowering), options,
                           gap, token=False, advances=(0,), overrun_s=rounds_s)
@@ -396,7 +397,7 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
           moves_persistent=True,
           paper="Zhou et al., DeepTM: Efficient Tensor Management in Heterogeneous Memory for DNN Training, "
                 "IEEE TPDS 35(11), 2024",
-          searches=True)
+          searches=True, family="swap")
 def plan_deeptm(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, hot=0.3, w_access=1.0, w_reuse=1.0,
                 w_idle=1.0, w_size=1.0, window=WINDOW, page_bytes=-1, gap=1e-3, fix_above=100_000,
                 start_positions=True, polish=True) -> Draft:

@@ -10,7 +10,7 @@ for each move of the plan, the op its offload had ended by and the op its prefet
 copy started in, adds those as positions of that move's candidate, prices the plan in
 the larger model (now close to the simulated time: it is the plan's own timeline) and
 solves again from it. Each round's plan is kept when the simulator runs it faster.
-Last, the plan is polished (planner/core/polish.py): small changes to its moves, each
+Last, the plan is polished (planner/shared/polish.py): small changes to its moves, each
 kept when the simulator runs the plan strictly faster.
 """
 from __future__ import annotations
@@ -22,10 +22,11 @@ import numpy as np
 
 from simulator.plan import Plan
 
-from ...core.polish import polish
+from ..polish import polish
+from .candidates import Candidate, candidates, moved_interval, moves_by_tensor
 from .common import Lowered, lower_fastest
-from .intervals import (Candidate, Formulation, candidates, copy_times, fetched_after, moved_interval,
-                        moves_by_tensor, predicted_us, same_choices)
+from .decode import copy_times, fetched_after, predicted_us, same_choices
+from .rows import Formulation
 
 ROUNDS = 2          # refinement rounds at most (the second adds positions only where the first moved them)
 SHARE = 0.25        # of the time left after the start, the most kept for refinement
@@ -228,7 +229,7 @@ def polish_s(left_s: float) -> float:
 
 
 def polished(sim, budget: int, best: Lowered, seconds: float, notes: dict) -> Lowered:
-    """``best`` after polish (planner/core/polish.py), for ``seconds`` at most; when it
+    """``best`` after polish (planner/shared/polish.py), for ``seconds`` at most; when it
     kept a change, ``polish`` in the notes says how many, in how many simulations, and
     the time before (``estimate_us`` stays the model's time of the solver's plan)."""
     if not best.result.ok or not best.actions:

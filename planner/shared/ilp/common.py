@@ -1,5 +1,5 @@
-"""What the planners on the interval MILP share (autotm, tmof and joint in planners.py,
-deeptm in planner/search/deeptm.py): their default limits, LP-guided fixing for models too
+"""What the planners on the interval MILP share (autotm, tmof and joint through solve.py,
+deeptm in planner/swap/deeptm.py): their default limits, LP-guided fixing for models too
 large to solve whole, and the lowering of a solution to plan actions with the prefetches
 of each copy stream queued in one of several orders (``QUEUES``). Not a planner.
 """
@@ -13,11 +13,12 @@ import numpy as np
 from simulator.plan import Plan, drop, offload, prefetch, recompute
 
 from ...core.api import score, simulator_for
-from ...core.analysis import held_per_op, touches
 from ...core.lowering import DROP, OFFLOAD, PREFETCH, Step, issue_order
 from ...core.registry import DEFAULT_OPTIONS, Param, RunOptions, get_planner
-from .intervals import (MS, Chosen, Formulation, Recompute, decode, decode_chains, decode_recomputes, initial_of,
-                        predicted_us, retarget, step_times)
+from ..facts import held_per_op, touches
+from .candidates import MS, Recompute
+from .decode import Chosen, decode, decode_chains, decode_recomputes, initial_of, predicted_us, retarget, step_times
+from .rows import Formulation
 
 
 DEFAULT_TIME_LIMIT = 60.0

@@ -18,7 +18,7 @@ from __future__ import annotations
 from simulator.model.splits import chunk_ids, split_profile
 from simulator.profile import Profile
 
-from .analysis import budget_floor, working_set
+from .facts import budget_floor, working_set
 
 MARGIN = 0.05   # of the budget: more chunks than needed to come this close to the best are not taken
 

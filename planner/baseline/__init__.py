@@ -1,0 +1,1 @@
+"""The baseline: ``none``, the no-swap plan every family is compared with."""
