@@ -9,7 +9,8 @@ import pytest
 from planner.core.api import make_plan, simulator_for
 from planner.core.registry import RunOptions
 from planner.shared.ilp.rows import link_shares
-from planner.swap.g10 import LinkTime, move_speeds
+from planner.swap._g10_links import LinkTime
+from planner.swap._g10_intervals import move_speeds
 from simulator.api import Simulator
 from simulator.compile.compiled import compile_profile
 from simulator.compile.lower import compile_program

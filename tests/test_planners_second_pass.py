@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.core.api import make_plan
-from planner.swap.g10 import LinkTime
+from planner.swap._g10_links import LinkTime
 from planner.swap.lms import plan_lms
 from planner.core.registry import get_planner
 from planner.swap.vdnn import plan_vdnn
