@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP_CORE := $(VENV)/.installed-core
 STAMP_DEV  := $(VENV)/.installed-dev
 
-.PHONY: demo test bench profiles clean
+.PHONY: demo test test-slow bench profiles clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,10 +33,20 @@ demo: $(STAMP_CORE)
 	$(BIN)/swapplan compare gpt2-b48-s1024 resnet50-b1024-s224 --planners lms,vdnn,g10,capuchin \
 		--budgets 36GiB,30GiB,24GiB --hardware a100-40gb-pcie4 --out demo-compare
 
+# The tests run in parallel (pytest-xdist: a worker a core, an idle one takes tests from a
+# busy one). `make test` runs all but the tests marked slow (minutes on 2 cores), `make
+# test-slow` only those (sweeps, real training runs, solvers at scale); CI runs both (.ci/run).
 # pytest exits 5 when it collected no tests: that is a failure, never a pass.
+PYTEST := $(BIN)/python -m pytest -q -n auto --dist worksteal
+
 test: $(STAMP_DEV)
-	@$(BIN)/python -m pytest -q; rc=$$?; \
+	@$(PYTEST) -m "not slow"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$rc
+
+test-slow: $(STAMP_DEV)
+	@$(PYTEST) -m slow; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-slow: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
 bench: $(STAMP_DEV)

@@ -25,8 +25,17 @@ def _request(memory=MEMORY, planners=("none", "lms", "chen"), start=16):
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
+    """Three families to their edges (about half a minute): its tests are `make test-slow`'s."""
     out = tmp_path_factory.mktemp("fit")
     summary, state = fit(_request(), str(out), jobs=1)
+    return out, summary, state
+
+
+@pytest.fixture(scope="module")
+def small_fitted(tmp_path_factory):
+    """Two families in a 1 MiB memory from batch 1 (a few seconds): `make test`'s fit."""
+    out = tmp_path_factory.mktemp("small-fit")
+    summary, state = fit(_request(2**20, ("none", "chen"), start=1), str(out), jobs=1)
     return out, summary, state
 
 
@@ -34,6 +43,7 @@ def _family(summary, name):
     return next(row for row in summary["families"] if row["family"] == name)
 
 
+@pytest.mark.slow
 def test_the_summary_has_every_family_and_field(fitted):
     out, summary, _ = fitted
     assert summary["memory_bytes"] == MEMORY
@@ -49,6 +59,7 @@ def test_the_summary_has_every_family_and_field(fitted):
     assert _family(summary, "recompute")["max"] > _family(summary, "baseline")["max"]
 
 
+@pytest.mark.slow
 def test_each_edge_was_tried_on_both_sides(fitted):
     _, summary, _ = fitted
     for row in summary["families"]:
@@ -57,6 +68,7 @@ def test_each_edge_was_tried_on_both_sides(fitted):
 
 
 @pytest.mark.parametrize("family", ["swap", "recompute"])
+@pytest.mark.slow
 def test_the_largest_batch_trains_for_real_within_the_memory_and_the_next_is_refused(fitted, family):
     from runtime.interpreter import PlanRefused
     from runtime.train import train
@@ -70,6 +82,7 @@ def test_the_largest_batch_trains_for_real_within_the_memory_and_the_next_is_ref
         train(MODEL, planner=row["planner"], budget=MEMORY, batch=row["max"] + 1)
 
 
+@pytest.mark.slow
 def test_a_rerun_reads_every_trace_and_probe_from_the_folder(fitted):
     out, summary, _ = fitted
     again, state = fit(_request(), str(out), jobs=1)
@@ -99,10 +112,11 @@ def test_an_output_folder_under_a_file_fails_before_any_trace(tmp_path):
     assert result.exit_code == 2 and "error:" in result.output and "fit:" not in result.output
 
 
-def test_the_report_shows_every_family_its_wall_and_the_chart(fitted, tmp_path):
+def test_the_report_shows_every_family_its_wall_and_the_chart(small_fitted, tmp_path):
+    """On the small fit (the report's rows and chart do not depend on the fit's size)."""
     from fit.report import write_report
 
-    _, summary, _ = fitted
+    _, summary, _ = small_fitted
     page = write_report(summary, tmp_path)
     text = page.read_text()
     assert text.count("<tr>") == 1 + len(summary["families"])
@@ -112,6 +126,7 @@ def test_the_report_shows_every_family_its_wall_and_the_chart(fitted, tmp_path):
     assert "data:image/png;base64," in text and (tmp_path / "fit.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_a_real_browser_renders_the_report(fitted, tmp_path):
     import shutil
     import subprocess
@@ -153,6 +168,7 @@ def test_ctrl_c_keeps_finished_probes_and_a_rerun_resumes(tmp_path):
     assert again.traced < len({k for k, _ in again.rows})      # the traces made before were read back
 
 
+@pytest.mark.slow
 def test_a_probe_held_to_what_the_caching_allocator_reserves(fitted):
     from fit.probe import Probe, run_probe
     from fit.traces import Traced

@@ -27,6 +27,9 @@ def _harness():
     return module
 
 
+# slow (real processes, ~15 s idle): tests/test_hostile_input.py and test_trace_input_bounds.py
+# check the fixed cases one by one; the random mutations run in `make test-slow`
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="needs FIFOs (POSIX)")
 def test_quick_fuzz_run_finds_nothing(tmp_path, capsys):
     fuzz = _harness()

@@ -35,8 +35,11 @@ def test_forward_shapes_on_meta(name, seq, outputs):
     assert loss_fn(out[0] if outputs == 1 else out, *targets).shape == ()
 
 
-@pytest.mark.parametrize("name, ops_at_least", [("inception_v3", 900), ("senet154", 2500)])
+@pytest.mark.parametrize("name, ops_at_least", [("inception_v3", 900),
+                                                 pytest.param("senet154", 2500, marks=pytest.mark.slow)])
 def test_traces_at_batch_2(name, ops_at_least):
+    """Each model traces at batch 2 with its weights counted; `make test` traces Inception
+    v3 (the tracer on a branching graph), `make test-slow` also SENet-154 (three times the ops)."""
     from tracer.pytorch.trace import trace
     profile = trace(f"benchmarks.g10_models:{name}", batch=2, optimizer="sgd")
     weights = sum(t.bytes for t in profile.tensors if t.kind == "weight")

@@ -161,7 +161,8 @@ def test_bind_checks_the_profile():
 # ----------------------------------------------------------------------------- plans
 
 
-def _plan(b: Bound, planner: str):
+def _plan(b: Bound, planner: str, known_infeasible: bool = False):
+    """The planner's plan, or None where ``known_infeasible`` and the simulator finds it so."""
     limit = 2.0 if planner in ILP or get_planner(planner).searches else None   # searches stop by then
     budget = int(b.profile.peak_bytes * BUDGET[b.name])
     try:
@@ -169,7 +170,10 @@ def _plan(b: Bound, planner: str):
     except Exception as exc:   # a budget below what the planner can meet
         pytest.skip(f"{planner} does not plan {b.spec} at {BUDGET[b.name]:.0%}: {exc}")
     if not planned.result.ok:
+        if known_infeasible:
+            return None
         pytest.skip(f"the simulator finds {planner}'s plan for {b.spec} infeasible or invalid")
+    assert not known_infeasible, f"{planner}'s plan for {b.spec} fits now: take it off INFEASIBLE"
     return planned.plan
 
 
@@ -177,22 +181,34 @@ CASES = [(m, s.name) for m in MODELS for s in planners()
          if s.name not in ILP or m in ("mlp", "mlp_dropout")]
 
 
+# Plans the simulator finds infeasible at BUDGET (none never fits below the peak; recompute
+# alone cannot fit the MLP, which checkmate's MILP proves within its 2 s): the test checks
+# they still are and has nothing to run.
+INFEASIBLE = {("mlp", "none"), ("mlp", "chen"), ("mlp", "torch-budget"), ("mlp", "checkmate"), ("mlp_dropout", "none"),
+              ("tiny_resnet", "none"), ("tiny_resnet", "chen"), ("tiny_resnet", "torch-budget"),
+              ("tiny_resnet", "flashneuron"), ("tiny_gpt2", "none")}
+
+
 @pytest.mark.parametrize("name,planner", CASES)
 def test_feasible_plans_run_bit_equal_within_budget(name, planner):
+    """Each feasible plan runs bit-equal within its budget; the plans the runtime does not
+    follow (ops on the CPU, codecs, managed memory) are refused, and that refusal is the check."""
     b = bound(name)
-    plan = _plan(b, planner)
-    if plan.uses_cpu:
+    plan = _plan(b, planner, (name, planner) in INFEASIBLE)
+    if plan is None:
+        return
+    if plan.uses_cpu:   # not followed by the runtime
         with pytest.raises(InputError, match="cpu_ops"):
             PlannedInterpreter(b.bindings, plan, HW)
-        pytest.skip(f"{planner} runs ops on the CPU (cpu_ops): not followed by the runtime")
-    if plan.uses_codecs:
+        return
+    if plan.uses_codecs:   # not followed by the runtime yet
         with pytest.raises(InputError, match="codecs"):
             PlannedInterpreter(b.bindings, plan, HW)
-        pytest.skip(f"{planner} compresses or encodes tensors (codecs): not followed by the runtime yet")
-    if getattr(plan, "memory", "explicit") != "explicit":
+        return
+    if getattr(plan, "memory", "explicit") != "explicit":   # CUDA managed memory (UVM): not followed
         with pytest.raises(InputError, match="managed memory"):
             PlannedInterpreter(b.bindings, plan, HW)
-        pytest.skip(f"{planner} plans CUDA managed memory (UVM): not followed by the runtime")
+        return
     interpreter, report, differences = b.run(plan)
     assert not differences, differences
     assert report.actions_applied == len(plan.actions)
