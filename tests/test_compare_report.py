@@ -343,7 +343,11 @@ def test_a_real_browser_renders_the_page(tmp_path):
                     "Debian: apt-get install chromium")
     page = write_report(annotate(_rows()), tmp_path)
     shot = tmp_path / "shot.png"
+    # the network flags: this machine's network is closed, and Chromium's background
+    # connections would otherwise be refused many at a time
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                    "--disable-sync", "--disable-quic",
                     f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1600",
                     f"--screenshot={shot}", page.resolve().as_uri()],
                    capture_output=True, timeout=120, check=False)
