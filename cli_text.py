@@ -197,9 +197,18 @@ def print_hardware(presets) -> None:
                      f"{hw.gpu.fp16_tflops:g}", f"{hw.gpu.hbm_gbps:g}",
                      f"{hw.pcie.h2d_gbps:g}/{hw.pcie.d2h_gbps:g} GB/s {hw.pcie.duplex}",
                      format_bytes(hw.host.memory_bytes), ssd,
-                     f"{hw.cpu.tflops:g} TF, {hw.cpu.mem_gbps:g} GB/s" if hw.cpu else "-"])
+                     f"{hw.cpu.tflops:g} TF, {hw.cpu.mem_gbps:g} GB/s" if hw.cpu else "-",
+                     _interconnect_text(hw.interconnect)])
     table(None, ["preset", "GPU memory", "FP32 TF", "FP16 TF", "HBM GB/s", "PCIe h2d/d2h",
-                 "host", "SSD read/write", "CPU (ops)"], rows, right={1, 2, 3, 4})
+                 "host", "SSD read/write", "CPU (ops)", "GPUs (R57)"], rows, right={1, 2, 3, 4})
+
+
+def _interconnect_text(link) -> str:
+    """'8 nvlink 230 GB/s' (and 'x 2 nodes, 45 GB/s'), or '-' for one GPU."""
+    if link is None:
+        return "-"
+    text = f"{link.gpus} {link.kind} {link.gbps:g} GB/s"
+    return text if link.nodes == 1 else f"{text} x {link.nodes} nodes, {link.inter_node_gbps:g} GB/s"
 
 
 def print_profiles(rows: list[dict]) -> None:

@@ -21,6 +21,7 @@ UVM_BACKINGS = ("host", "ssd")
 CODEC_FORMATS = ("zvc", "fp16", "bf16", "int8", "binarize")   # R40
 LOSSY_FORMATS = frozenset({"fp16", "bf16", "int8"})
 CODEC_PLACES = ("dma", "compute")                              # R41
+INTERCONNECT_KINDS = ("nvlink", "pcie")                          # R57: pcie shares the GPU's host link
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,39 @@ class Cpu:
     tflops: float
     mem_gbps: float
     launch_us: float
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """How the GPUs of a machine reach each other, for the collectives of a data-parallel
+    rank (R57): ``gpus`` per node and ``nodes``; within a node, the bandwidth each GPU
+    moves each way in a ring (the bus bandwidth NCCL's tests report, not the link's
+    datasheet figure) and the latency of one ring step; across nodes, the same per GPU
+    over its share of the network. ``kind`` ``pcie``: no GPU-to-GPU link, so every
+    collective also crosses the GPU's PCIe link, up and down, beside host copies."""
+    kind: str
+    gpus: int
+    gbps: float
+    latency_us: float
+    nodes: int = 1
+    inter_node_gbps: float | None = None
+    inter_node_latency_us: float | None = None
+
+    @property
+    def shares_pcie(self) -> bool:
+        return self.kind == "pcie"
+
+    @property
+    def world(self) -> int:
+        """Every GPU of the machine."""
+        return self.gpus * self.nodes
+
+    def ring(self, world: int) -> tuple[float, float]:
+        """(GB/s, latency us per step) of a ring over ``world`` ranks: the node's link
+        within a node, the slower of it and the network once the ring leaves the node."""
+        if world <= self.gpus or self.inter_node_gbps is None:
+            return self.gbps, self.latency_us
+        return min(self.gbps, self.inter_node_gbps), max(self.latency_us, self.inter_node_latency_us or 0.0)
 
 
 @dataclass(frozen=True)
@@ -173,6 +207,7 @@ class Hardware:
     cpu: Cpu | None = None
     uvm: Uvm = DEFAULT_UVM
     codecs: tuple[Codec, ...] = ()
+    interconnect: Interconnect | None = None
 
     def codec(self, name: str) -> Codec | None:
         """The codec of that name, or None."""
@@ -188,6 +223,10 @@ class Hardware:
         data.pop("source")
         if data["cpu"] is None:
             data.pop("cpu")
+        if data["interconnect"] is None:
+            data.pop("interconnect")
+        else:
+            data["interconnect"] = {k: v for k, v in data["interconnect"].items() if v is not None}
         if self.uvm == DEFAULT_UVM:
             data.pop("uvm")
         else:
@@ -205,7 +244,8 @@ def hardware_from_dict(data, file: str = "<hardware>") -> Hardware:
     Raises InputError naming the field for anything missing, unknown or out of range.
     """
     top = Reader(data, file)
-    top.reject_unknown({"name", "description", "gpu", "pcie", "host", "ssd", "cpu", "uvm", "codecs"})
+    top.reject_unknown({"name", "description", "gpu", "pcie", "host", "ssd", "cpu", "uvm", "codecs",
+                        "interconnect"})
     name = top.string("name")
     top.string("description", default="")
 
@@ -260,10 +300,39 @@ def hardware_from_dict(data, file: str = "<hardware>") -> Hardware:
     if top.get("uvm", None) is not None:
         uvm = _uvm_from(top.mapping("uvm"), file, ssd is not None, host.memory_bytes)
     codecs = _codecs_from(top.mapping("codecs")) if top.get("codecs", None) is not None else ()
+    interconnect = _interconnect_from(top.mapping("interconnect")) if top.get("interconnect", None) is not None \
+        else None
     hardware = Hardware(name=name, gpu=gpu, pcie=pcie, host=host, ssd=ssd, source=file, cpu=cpu, uvm=uvm,
-                        codecs=codecs)
+                        codecs=codecs, interconnect=interconnect)
     check_limits(hardware, file)
     return hardware
+
+
+def _interconnect_from(r: Reader) -> Interconnect:
+    """The ``interconnect`` section (R57): {kind, gpus, gbps, latency_us, nodes (1),
+    inter_node_gbps and inter_node_latency_us (both needed when nodes > 1)}."""
+    r.reject_unknown({"kind", "gpus", "gbps", "latency_us", "nodes", "inter_node_gbps", "inter_node_latency_us"})
+
+    def count(key: str, default: int | None) -> int:
+        value = r.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65536:
+            raise r.error(key, f"expected an integer from 1 to 65536, got {value!r}")
+        return value
+
+    kind = r.string("kind", choices=INTERCONNECT_KINDS)
+    gpus, nodes = count("gpus", None), count("nodes", 1)
+    if gpus * nodes > 65536:
+        raise r.error("nodes", f"{gpus} GPUs x {nodes} nodes is more than 65536 ranks")
+    inter_gbps = inter_latency = None
+    if nodes > 1:
+        inter_gbps = r.number("inter_node_gbps", positive=True)
+        inter_latency = r.number("inter_node_latency_us")
+    else:
+        for key in ("inter_node_gbps", "inter_node_latency_us"):
+            if r.get(key, None) is not None:
+                raise r.error(key, "only with nodes > 1")
+    return Interconnect(kind, gpus, r.number("gbps", positive=True), r.number("latency_us", default=0.0), nodes,
+                        inter_gbps, inter_latency)
 
 
 def _codecs_from(codecs_r: Reader) -> tuple[Codec, ...]:
@@ -367,6 +436,13 @@ def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:
     if hardware.cpu is not None:
         latencies.append(("cpu.launch_us", hardware.cpu.launch_us))
         rates += [("cpu.tflops", hardware.cpu.tflops), ("cpu.mem_gbps", hardware.cpu.mem_gbps)]
+    if hardware.interconnect is not None:
+        link = hardware.interconnect
+        latencies.append(("interconnect.latency_us", link.latency_us))
+        rates.append(("interconnect.gbps", link.gbps))
+        if link.inter_node_gbps is not None:
+            latencies.append(("interconnect.inter_node_latency_us", link.inter_node_latency_us))
+            rates.append(("interconnect.inter_node_gbps", link.inter_node_gbps))
     for codec in hardware.codecs:
         if codec.where == "compute":
             rates += [(f"codecs.{codec.name}.encode_gbps", codec.encode_gbps),

@@ -205,6 +205,10 @@ def _derive(profile: Profile) -> None:
         first[k] = users[0] if first[k] is None else min(first[k], users[0])
         last[k] = users[-1] if last[k] is None else max(last[k], users[-1])
 
+    for i, op in enumerate(ops):
+        if op.collective is not None:
+            _check_collective(file, i, op)
+
     profile.tensor_by_id = dict(zip(ids, tensors))
     profile.op_index = op_index
     profile.producer = dict(zip(ids, made))
@@ -213,6 +217,26 @@ def _derive(profile: Profile) -> None:
     profile.ideal_ps = sum(map(floor, [op.time_us * 1e6 + 0.5 for op in ops]))
     profile.ideal_us = profile.ideal_ps / 10**6
     _derive_peak(profile, made, last)
+
+
+def _check_collective(file: str, i: int, op: Op) -> None:
+    """R56: a collective op moves data on the interconnect and runs no kernel: no
+    workspace, no variants, no split, a time of 0 (its time is the interconnect's, R57),
+    and something to read or write."""
+    where = f"ops[{i}] ({op.id})"
+    if op.workspace_bytes:
+        raise InputError(file, f"{where}.workspace_bytes", "a collective op has no workspace")
+    if op.variants or op.split is not None:
+        raise InputError(file, f"{where}.{'variants' if op.variants else 'split'}",
+                         "a collective op has no variants and is not split")
+    if op.time_us:
+        raise InputError(file, f"{where}.time_us",
+                         f"a collective op's time is the interconnect's (R57): give 0, got {op.time_us}")
+    if op.collective.kind == "all_reduce" and (op.outputs or not op.updates):
+        raise InputError(file, f"{where}.collective.kind",
+                         "an all_reduce updates its buffers in place: updates, no outputs")
+    if op.collective.kind != "all_reduce" and not (op.inputs or op.updates) and not op.outputs:
+        raise InputError(file, f"{where}.collective.kind", f"a {op.collective.kind} reads and makes nothing")
 
 
 def _op_problem(profile: Profile, i: int, tensor_by_id: dict, made: dict) -> InputError:

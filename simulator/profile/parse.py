@@ -10,8 +10,8 @@ from ..fields import Reader, is_id_list
 from ..files import no_gc
 from ..units import MAX_BYTES, MAX_COUNT, MAX_US
 from .facts import Profile, check_op_limits, check_tensor_limits, limits_checked
-from .records import (FORMAT, FX_REWRITES, INPUT_ROLES, PHASES, SPLIT_AXES, TENSOR_KINDS, Op, OpNode, Split,
-                      Tensor, TensorNode, Variant)
+from .records import (COLLECTIVE_KINDS, FORMAT, FX_REWRITES, INPUT_ROLES, PHASES, SPLIT_AXES, TENSOR_KINDS,
+                      Collective, Op, OpNode, Split, Tensor, TensorNode, Variant)
 
 _TENSOR_FIELDS = {"id", "bytes", "kind", "name", "shape", "dtype"}
 _OP_FIELDS = {"id", "name", "phase", "time_us", "inputs", "outputs", "updates",
@@ -25,6 +25,7 @@ _DENSITY_FIELD = "density"
 _VARIANTS_FIELD = "variants"
 _RERUN_FIELD = "rerun_outputs"
 _SPLIT_FIELD = "split"
+_COLLECTIVE_FIELD = "collective"
 
 
 def profile_from_dict(data, file: str = "<profile>") -> Profile:
@@ -164,7 +165,7 @@ def _op_from_dict(item, file: str, i: int) -> Op:
     r = Reader(item, file, f"ops[{i}]")
     oid = r.string("id")
     r.where = f"ops[{i}] ({oid})"
-    r.reject_unknown(_OP_FIELDS | {_FX_FIELD, _VARIANTS_FIELD, _RERUN_FIELD, _SPLIT_FIELD})
+    r.reject_unknown(_OP_FIELDS | {_FX_FIELD, _VARIANTS_FIELD, _RERUN_FIELD, _SPLIT_FIELD, _COLLECTIVE_FIELD})
     flops = r.get("flops", None)
     outputs = tuple(r.string_list("outputs", default=[]))
     return Op(
@@ -182,7 +183,24 @@ def _op_from_dict(item, file: str, i: int) -> Op:
         variants=_variants(r),
         rerun_outputs=_rerun_outputs(r, outputs),
         split=_split(r),
+        collective=_collective(r),
     )
+
+
+def _collective(r: Reader) -> Collective | None:
+    """The optional ``collective`` of an op (R56): {kind, world (1 to 65536), bytes}."""
+    if _COLLECTIVE_FIELD not in r.data:
+        return None
+    c = r.mapping(_COLLECTIVE_FIELD)
+    c.reject_unknown({"kind", "world", "bytes"})
+    kind = c.string("kind", choices=COLLECTIVE_KINDS)
+    world = c.integer("world")
+    if not 1 <= world <= 65536:
+        raise c.error("world", f"must be from 1 to 65536, got {world}")
+    size = c.integer("bytes")
+    if not 0 <= size < MAX_BYTES:
+        raise c.error("bytes", f"must be from 0 to below 2^53, got {size}")
+    return Collective(kind, world, size)
 
 
 def _split(r: Reader) -> Split | None:

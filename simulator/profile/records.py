@@ -13,6 +13,7 @@ SOURCE_KINDS = ("traced", "measured", "imported", "synthetic")
 SPLIT_AXES = ("batch", "rows", "vocabulary", "elements")
 FX_REWRITES = ("inplace_accumulate", "foreach_split")
 INPUT_ROLES = ("parameter", "buffer", "optimizer_state", "batch", "target")
+COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce")   # R56
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +117,30 @@ class Split:
 
 
 @dataclass(frozen=True, slots=True)
+class Collective:
+    """What a collective op of one data-parallel rank does (R56-R59): its ``kind``
+    (``COLLECTIVE_KINDS``), the ranks in its group (``world``) and the full, unsharded
+    payload in bytes: an all-gather's output, a reduce-scatter's input, an all-reduce's
+    buffer. Its time is the interconnect's (R57), not the op's ``time_us``."""
+    kind: str
+    world: int
+    bytes: int
+
+    def wire_bytes(self) -> int:
+        """Bytes this rank sends in a ring (R57): (world - 1) / world of the payload for an
+        all-gather or a reduce-scatter, twice that for an all-reduce."""
+        sent = self.bytes * (self.world - 1) // self.world
+        return 2 * sent if self.kind == "all_reduce" else sent
+
+    def steps(self) -> int:
+        """Ring steps, each paying the interconnect's latency once (R57)."""
+        return (2 if self.kind == "all_reduce" else 1) * (self.world - 1)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "world": self.world, "bytes": self.bytes}
+
+
+@dataclass(frozen=True, slots=True)
 class Op:
     """One kernel (or fused group) of the iteration."""
     id: str
@@ -132,6 +157,7 @@ class Op:
     variants: tuple[Variant, ...] = ()       # other algorithms a plan may choose (R52)
     rerun_outputs: tuple[str, ...] | None = None   # what a re-run makes (R15); None: every output
     split: Split | None = None               # it may run in chunks (R54); None: only whole
+    collective: Collective | None = None     # a collective on the interconnect (R56); None: a kernel
 
     def remade(self) -> tuple[str, ...]:
         """The outputs a re-run of the op makes (R15): ``rerun_outputs``, else every output
@@ -162,6 +188,8 @@ class Op:
             data["rerun_outputs"] = list(self.rerun_outputs)
         if self.split is not None:
             data["split"] = self.split.to_dict()
+        if self.collective is not None:
+            data["collective"] = self.collective.to_dict()
         if self.fx is not None:
             data["fx"] = self.fx.to_dict()
         return data
