@@ -17,6 +17,7 @@ from .compile.compiled import compile_machine, compile_profile
 from .compile.lower import compile_program
 from .compile.program import PlanInvalid
 from .errors import InputError
+from .compile.collectives import check_interconnect
 from .fast import explicit as fastpath, uvm as fastuvm
 from .hardware import Hardware, check_uvm_scale
 from .model.allocation import allocation_keys
@@ -54,6 +55,8 @@ class Simulator:
         self.hardware = hardware
         self.compiled = compile_profile(profile)
         self.machine = compile_machine(hardware)
+        check_interconnect(self.compiled, self.machine, hardware.source or hardware.name)   # R57
+        self._fast = fastpath.available() and not self.compiled.collectives   # C has no comm stream (R56)
         self._names = None
         self._uvm_scale_checked = False
         self._split: dict[tuple, "Simulator"] = {}
@@ -92,7 +95,7 @@ class Simulator:
             budget = self.budget(plan, budget_bytes)
             if allocator is not None and plan.placement is None and not plan.uvm:
                 return self._reference(plan, budget, record, allocator)
-            if not (record or reference or plan.reference_only) and fastpath.available():
+            if not (record or reference or plan.reference_only) and self._fast:
                 result = fastpath.simulate(self.compiled, self.machine, plan, budget)
                 if result is not None:
                     return result
@@ -141,7 +144,7 @@ class Simulator:
         """The Result with no timeline of a plan the explicit C path does not run: a UVM
         plan's from C where that applies, else the Python reference's."""
         self._check_uvm_scale(plan)
-        if not (plan.uvm and fastuvm.available()):
+        if not (plan.uvm and fastuvm.available()) or self.compiled.collectives:
             return self._reference(plan, budget, False)
         try:
             program = compile_program(self.profile, self.compiled, plan, self.machine)
@@ -191,7 +194,7 @@ class Simulator:
         overflow)."""
         with _gc_paused():
             packed = fastpath.pack_positions(self.compiled, kinds, tensors, afters, befores, schedule, initial)
-            if fastpath.available() and len(packed[0]) <= MAX_COUNT:
+            if self._fast and len(packed[0]) <= MAX_COUNT:
                 budget = check_budget(budget_bytes, self.hardware)
                 check = partial(_check_made, plan, self.profile, self.machine.has_ssd)
                 score = fastpath.score_packed(self.compiled, self.machine, packed, budget, check)
@@ -205,7 +208,7 @@ class Simulator:
             return self.as_whole(sim._score(inner, budget_bytes))
         budget = self.budget(plan, budget_bytes)
         check = partial(check_plan, plan, self.profile, self.machine.has_ssd, self.machine.cpu is not None)
-        if fastpath.available() and not plan.reference_only:   # packing and C check the structure; check_plan words errors
+        if self._fast and not plan.reference_only:   # packing and C check the structure; check_plan words errors
             score = fastpath.score(self.compiled, self.machine, plan, budget, check)
             if score is not None:
                 return score

@@ -5,8 +5,13 @@ import yaml
 from simulator.errors import InputError
 from simulator.hardware import hardware_from_dict, load_hardware, load_presets, preset_dir, preset_names
 
-PRESETS = ["a100-40gb-128gb-g10", "a100-40gb-32gb-pcie4", "a100-40gb-pcie4", "a100-80gb-pcie4", "h100-80gb-pcie5", "h200-141gb-1.5tb-pcie5",
-           "rtx4090-24gb-256gb-pcie4", "rtx4090-24gb-pcie4", "v100-16gb-pcie3", "v100-32gb-pcie3"]
+PRESETS = ["a100-40gb-128gb-g10", "a100-40gb-32gb-pcie4", "a100-40gb-pcie4", "a100-80gb-pcie4", "a100-80gb-sxm-x8",
+           "h100-80gb-pcie5", "h100-80gb-sxm-x8", "h100-80gb-sxm-x8-2node", "h200-141gb-1.5tb-pcie5",
+           "rtx4090-24gb-256gb-pcie4", "rtx4090-24gb-pcie4", "rtx4090-24gb-pcie4-x4", "v100-16gb-pcie3",
+           "v100-32gb-pcie3"]
+# the host link's PCIe generation of the multi-GPU boards, whose names say their GPU link instead
+HOST_LINK = {"a100-80gb-sxm-x8": "pcie4", "h100-80gb-sxm-x8": "pcie5", "h100-80gb-sxm-x8-2node": "pcie5",
+             "rtx4090-24gb-pcie4-x4": "pcie4"}
 
 
 def test_all_presets_ship_and_load():
@@ -17,7 +22,8 @@ def test_all_presets_ship_and_load():
             assert (hw.pcie.h2d_gbps, hw.host.memory_bytes, hw.ssd.read_gbps) == (15.754, 128 * 2**30, 3.2)
             continue
         # effective PCIe bandwidth is below the theoretical x16 figure of its generation
-        theoretical = {"pcie3": 15.75, "pcie4": 31.5, "pcie5": 63.0}[hw.name.rsplit("-", 1)[1]]
+        generation = HOST_LINK.get(hw.name, hw.name.rsplit("-", 1)[1])
+        theoretical = {"pcie3": 15.75, "pcie4": 31.5, "pcie5": 63.0}[generation]
         assert hw.pcie.h2d_gbps < theoretical and hw.pcie.d2h_gbps < theoretical
 
 
@@ -39,6 +45,37 @@ def test_preset_figures_match_datasheets():
     h200, lohan = load_hardware("h200-141gb-1.5tb-pcie5"), load_hardware("rtx4090-24gb-256gb-pcie4")
     assert (h200.gpu.memory_bytes, h200.host.memory_bytes, h200.gpu.bf16_tflops) == (141 * 10**9, 1.5e12, 989)
     assert (lohan.gpu.memory_bytes, lohan.host.memory_bytes) == (24 * 2**30, 256 * 10**9)
+
+
+def test_multi_gpu_presets_have_an_interconnect():
+    # R57: ring bandwidth below the link's datasheet figure each way (NVLink 3: 300 GB/s, NVLink 4:
+    # 450 GB/s, ConnectX-7: 50 GB/s); the 4090s have no GPU link and share PCIe
+    a100, h100 = load_hardware("a100-80gb-sxm-x8").interconnect, load_hardware("h100-80gb-sxm-x8").interconnect
+    two, rtx = load_hardware("h100-80gb-sxm-x8-2node").interconnect, load_hardware("rtx4090-24gb-pcie4-x4").interconnect
+    assert (a100.kind, a100.world, a100.shares_pcie) == ("nvlink", 8, False) and a100.gbps < 300
+    assert h100.world == 8 and h100.gbps < 450
+    assert two.world == 16 and two.inter_node_gbps < 50 and two.ring(16) == (two.inter_node_gbps, 10)
+    assert two.ring(8) == (two.gbps, two.latency_us)
+    assert (rtx.kind, rtx.world, rtx.shares_pcie) == ("pcie", 4, True)
+    assert all(load_hardware(n).interconnect is None for n in PRESETS if n not in HOST_LINK)
+
+
+@pytest.mark.parametrize("section, field", [
+    ({"kind": "infiniband", "gpus": 8, "gbps": 1}, "interconnect.kind"),
+    ({"kind": "nvlink", "gpus": 0, "gbps": 1}, "interconnect.gpus"),
+    ({"kind": "nvlink", "gpus": 8, "gbps": 0}, "interconnect.gbps"),
+    ({"kind": "nvlink", "gpus": 8, "gbps": 1, "nodes": 2}, "interconnect.inter_node_gbps"),
+    ({"kind": "nvlink", "gpus": 8, "gbps": 1, "inter_node_gbps": 5}, "interconnect.inter_node_gbps"),
+    ({"kind": "nvlink", "gpus": 8, "gbps": 1, "speed": 5}, "interconnect"),
+])
+def test_bad_interconnect_names_the_field(section, field):
+    data = load_hardware("a100-40gb-pcie4").to_dict()
+    data["gpu"]["memory"] = data["gpu"].pop("memory_bytes")
+    data["host"]["memory"] = data["host"].pop("memory_bytes")
+    data["ssd"]["capacity"] = data["ssd"].pop("capacity_bytes")
+    data["interconnect"] = section
+    with pytest.raises(InputError, match=field.replace(".", r"\.")):
+        hardware_from_dict(data, "box.yaml")
 
 
 def test_every_preset_cites_sources():

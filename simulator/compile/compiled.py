@@ -34,6 +34,7 @@ class Machine:
     cpu: tuple | None = None   # (tflops, mem_gbps, launch_us) of the host CPU (R25), if described
     uvm: "UvmMachine | None" = None   # managed memory (R30-R37)
     codecs: dict = None        # codec name -> hardware.Codec (R40-R42)
+    interconnect: object = None   # hardware.Interconnect: a rank's collectives (R57), if described
 
     def route(self, kind: str, tier: str) -> Route:
         return self.routes[(kind, tier)]
@@ -75,7 +76,7 @@ def compile_machine(hardware: Hardware) -> Machine:
                    ssd_bytes=ssd_bytes, packed=_pack_machine(half, host_bytes, ssd_bytes, tuple(capacity), routes),
                    cpu=None if hardware.cpu is None else
                    (hardware.cpu.tflops, hardware.cpu.mem_gbps, hardware.cpu.launch_us), uvm=uvm_machine,
-                   codecs={codec.name: codec for codec in hardware.codecs})
+                   codecs={codec.name: codec for codec in hardware.codecs}, interconnect=hardware.interconnect)
 
 
 def _pack_machine(half: bool, host_bytes: int, ssd_bytes: int, capacity: tuple, routes: dict) -> tuple:
@@ -112,6 +113,7 @@ class CompiledProfile:
     sha256: str                              # of the canonical profile (plans name their profile by it)
     op_starts_us: tuple[float, ...]          # each op's start on the ideal timeline, then its end (planners)
     arrays: tuple                            # simulator/fast/explicit.py: what _fastsim reads
+    collectives: dict                        # op position -> Collective (R56): a rank's; {} for one GPU
 
 
 def compile_profile(profile: Profile) -> CompiledProfile:
@@ -130,7 +132,8 @@ def compile_profile(profile: Profile) -> CompiledProfile:
         default_sequence=build_sequence(profile, op_ps, [op.id for op in profile.ops], {}),
         profile_order=array("i", range(len(profile.ops))), sha256=profile_sha256(profile),
         op_starts_us=(0.0, *accumulate(op.time_us for op in profile.ops)),
-        arrays=_arrays(profile, op_ps, tensor_index, pairs))
+        arrays=_arrays(profile, op_ps, tensor_index, pairs),
+        collectives={i: op.collective for i, op in enumerate(profile.ops) if op.collective is not None})
 
 
 def _arrays(profile: Profile, op_ps, index: dict, pairs) -> tuple:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..plan import Plan
 from ..profile import Profile
 from .compiled import CompiledProfile, Machine
-from .program import Program, check_codec_names, compile_explicit
+from .program import PlanInvalid, Program, check_codec_names, compile_explicit
 from .uvm import compile_uvm
 
 
@@ -18,5 +18,8 @@ def compile_program(profile: Profile, compiled: CompiledProfile, plan: Plan, mac
     if plan.uses_codecs:
         check_codec_names(plan, machine)
     if plan.memory == "uvm":
+        if compiled.collectives:
+            raise PlanInvalid("R56", None, None, "a rank's collectives are not modeled in managed memory (UVM mode): "
+                                                 "plan the rank with explicit copies")
         return compile_uvm(profile, compiled, plan, machine)   # R30-R37: the static rules of UVM mode
     return compile_explicit(profile, compiled, plan, machine)

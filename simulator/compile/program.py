@@ -35,6 +35,7 @@ from ..model.recompute import recompute_problem
 from ..plan import Action, Plan
 from ..profile import Profile, order_violation
 from ..units import us_to_ps
+from .collectives import COMM, CPU, comm_capacity, comm_items, comm_work, issue_points, stream_deps
 from .compiled import CompiledProfile, Machine
 from .sequence import CodecItem, Sequence, build_sequence
 
@@ -94,7 +95,7 @@ class Program:
     initial_copies: dict[str, str]       # tensor -> tier, from plan.initial
     on_cpu: frozenset = frozenset()      # items that run on the CPU stream (R24)
     cpu_ps: dict = None                  # CPU item -> its time in ps (R25)
-    deps: dict = None                    # item -> the latest item of the other stream it waits for (R27)
+    deps: dict = None                    # item -> the latest item of each other stream it waits for (R27, R58)
     host_waits: dict = None              # CPU item -> transfers that wrote its host copies (R26)
     uvm: bool = False                    # managed memory (R30-R37): simulator/compile/uvm.py compiled it
     read_mostly: frozenset = frozenset()  # UVM: tensor ids advised read-mostly (R34)
@@ -104,6 +105,10 @@ class Program:
     keys: object = None                  # R50, R51: every GPU allocation's key (simulator/model/allocation.py)
     group_names: dict = None             # R53: a group's lead transfer -> the group id
     lossy: tuple = ()                    # tensors a lossy codec encodes (R40)
+    on_comm: frozenset = frozenset()     # items that run a collective on the comm stream (R56)
+    comm: dict = None                    # collective item -> (wire bytes, latency ps, links) (R57)
+    issue_after: dict = None             # collective item -> the GPU item that must have started (R58)
+    comm_capacity: tuple = ()            # the interconnect's and the network's bytes/s (R57)
 
 
 def compute_sequence(profile: Profile, compiled: CompiledProfile, plan: Plan, machine: Machine | None = None) -> Sequence:
@@ -220,7 +225,14 @@ def compile_explicit(profile: Profile, compiled: CompiledProfile, plan: Plan, ma
             raise PlanInvalid("R50", None, key.rsplit("#", 1)[0] if "#" in key else None, reason)
     if plan.cpu_ops:
         program.cpu_ps = cpu_times(profile, program.seq, program.on_cpu, machine)
-        program.deps = cross_stream_deps(profile, program.seq, program.on_cpu)
+    if compiled.collectives:          # R56-R58: a rank's collectives on the comm stream
+        program.on_comm = comm_items(profile, program.seq)
+        program.comm = comm_work(profile, program.seq, program.on_comm, machine)
+        program.issue_after = issue_points(program.seq, program.on_cpu, program.on_comm)
+        program.comm_capacity = comm_capacity(compiled, machine)
+    if plan.cpu_ops or compiled.collectives:
+        stream_of = {**dict.fromkeys(program.on_cpu, CPU), **dict.fromkeys(program.on_comm, COMM)}
+        program.deps = stream_deps(profile, program.seq, stream_of)
     return program
 
 
@@ -293,37 +305,6 @@ def cpu_times(profile: Profile, seq: Sequence, on_cpu: frozenset, machine: Machi
     return {k: us_to_ps(cpu_time_us(profile.ops[seq.op_index[k]], tensors, machine.cpu)) for k in on_cpu}
 
 
-def cross_stream_deps(profile: Profile, seq: Sequence, on_cpu: frozenset) -> dict[int, int]:
-    """R27: for each item, the latest earlier item of the other stream that touches a
-    tensor it touches, one of the two writing it (producing or updating). The streams
-    run in order, so waiting for that one item covers all earlier ones."""
-    ops = profile.ops
-    touched: set[str] = set()
-    for k in on_cpu:
-        op = ops[seq.op_index[k]]
-        touched.update(op.inputs, op.outputs, op.updates)
-    events: dict[str, list[tuple[int, bool]]] = {}
-    for tid in touched:
-        items = set(seq.uses.get(tid, ()))
-        made_by = profile.producer[tid]
-        if made_by is not None:
-            items.add(seq.op_item[ops[made_by].id])
-        for k in sorted(items):
-            op = ops[seq.op_index[k]]
-            writes = seq.recomputed[k] == tid or (seq.recomputed[k] is None and (tid in op.outputs or tid in op.updates))
-            events.setdefault(tid, []).append((k, writes))
-    deps: dict[int, int] = {}
-    for tid, seen in events.items():
-        for a, (k, writes) in enumerate(seen):
-            cpu = k in on_cpu
-            for j, earlier_writes in reversed(seen[:a]):
-                if (j in on_cpu) != cpu and (writes or earlier_writes):
-                    if j > deps.get(k, -1):
-                        deps[k] = j
-                    break
-    return deps
-
-
 class _Compiler:
     """One static walk of a plan over its compute sequence (see the module docstring)."""
 
@@ -338,6 +319,9 @@ class _Compiler:
         self.cpu_items = frozenset(self.seq.op_item[op_id] for op_id in plan.cpu_ops)
         for op_id in plan.cpu_ops:
             op = profile.ops[profile.op_index[op_id]]
+            if op.collective is not None:
+                raise PlanInvalid("R56", op_id, None, f"op {op_id!r} is a {op.collective.kind} (a collective runs on "
+                                                      "the GPU's interconnect): it cannot run on the CPU")
             self.planned.update(op.inputs, op.outputs, op.updates)
         self.host_item_writer: dict[str, int] = {}      # tensor -> CPU item that wrote its host copy
         self.host_waits: dict[int, list[Transfer]] = {}

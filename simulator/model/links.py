@@ -17,6 +17,8 @@ STREAMS = ("h2d", "d2h", "ssd_read", "ssd_write")            # R1: FIFO queues
 LINKS = ("pcie_down", "pcie_up", "ssd_read_link", "ssd_write_link")  # R17: shared by bandwidth
 H2D, D2H, SSD_READ, SSD_WRITE = range(4)                      # stream numbers
 PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD_WRITE_LINK = range(4)  # link numbers
+COMM_LINKS = ("interconnect", "network")                      # R57: a rank's collectives, after LINKS
+INTERCONNECT, NETWORK = 4, 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,44 @@ def routes(hardware: Hardware) -> tuple[list[int], dict]:
         found[("load", "ssd")] = Route(SSD_READ, (SSD_READ_LINK,), ssd_latency, False)
         found[("store", "ssd")] = Route(SSD_WRITE, (SSD_WRITE_LINK,), ssd_latency, False)
     return capacity, found
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveRoute:
+    """How a rank's collectives over ``world`` ranks move (R57): the links their flow
+    crosses (numbers after ``LINKS``: the interconnect; the network once the ring leaves
+    a node; both PCIe directions where the GPUs have no link of their own), the latency
+    of one ring step in ps, and the capacities of the two collective links."""
+    links: tuple[int, ...]
+    step_ps: int
+    capacity: tuple[int, int]
+
+    def latency_ps(self, steps: int) -> int:
+        return steps * self.step_ps
+
+
+def collective_route(link, world: int) -> CollectiveRoute:
+    """R57: the route of a ring collective over ``world`` ranks on the interconnect
+    ``link`` (hardware.Interconnect; the caller has checked it holds ``world`` GPUs)."""
+    crosses = (INTERCONNECT,)
+    network = 1
+    step = link.latency_us
+    if world > link.gpus and link.inter_node_gbps is not None:
+        crosses += (NETWORK,)
+        network = gbps_to_bytes_per_s(link.inter_node_gbps)
+        step = max(step, link.inter_node_latency_us or 0.0)
+    if link.shares_pcie:
+        crosses += (PCIE_UP, PCIE_DOWN)
+    return CollectiveRoute(crosses, us_to_ps(step), (gbps_to_bytes_per_s(link.gbps), network))
+
+
+def collective_us(hardware: Hardware, kind_steps: int, wire_bytes: int, world: int) -> float:
+    """A lone collective's time in us (R57), in planners' units: its ring steps' latency,
+    then its wire bytes at the slowest link it crosses."""
+    route = collective_route(hardware.interconnect, world)
+    capacity, _ = routes(hardware)
+    rates = [(list(capacity) + list(route.capacity))[link] for link in route.links]
+    return route.latency_ps(kind_steps) / 10**6 + wire_bytes / min(rates) * 10**6
 
 
 def transfer_links(hardware: Hardware, kind: str, tier: str) -> tuple[float, tuple[tuple[str, float], ...], bool]:

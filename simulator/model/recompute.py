@@ -3,7 +3,8 @@
 A recompute re-runs the tensor's producer just before an op. R15 refuses it for a
 persistent tensor (no op makes it), when the producer updates a tensor in place (a
 re-run would update it twice), and when the tensor was updated in place after it was
-produced (a re-run would make the value it had before). The compile
+produced (a re-run would make the value it had before), and when the producer is a
+collective of a data-parallel rank (R56: it runs on the interconnect). The compile
 (simulator/compile/program.py) and every planner that chooses recomputes ask
 ``recompute_problem``; swapadvisor's C decoder keeps a twin, tested equal to it.
 """
@@ -26,6 +27,9 @@ def recompute_problem(profile: Profile, tid: str, before: int | None = None, upd
     if made_by is None:
         return f"recompute of {tid!r}: no op produces it"
     op = profile.ops[made_by]
+    if op.collective is not None:
+        return (f"recompute of {tid!r}: its producer {op.id!r} is a {op.collective.kind} (R56): a collective "
+                "is not re-run on the compute stream")
     if op.updates:
         return f"recompute of {tid!r}: its producer {op.id!r} updates {op.updates[0]!r} in place"
     if updates is None:   # the producer updates nothing: the first update in place, if any
@@ -40,11 +44,13 @@ def recomputable_until(profile: Profile, tid: str) -> int:
     """The op position past which R15 refuses a recompute of ``tid``, in profile order
     (for ``before`` after its producer, ``recompute_problem(profile, tid, before)`` is not
     None exactly when ``before > recomputable_until``): -1 for a persistent tensor, its
-    producer's position when the producer updates in place, else its first in-place
-    update, else the number of ops (never)."""
+    producer's position when the producer updates in place or is a collective (R56), else
+    its first in-place update, else the number of ops (never)."""
     made_by = profile.producer[tid]
     if made_by is None or profile.tensor_by_id[tid].persistent:
         return -1
+    if profile.ops[made_by].collective is not None:
+        return made_by
     if profile.ops[made_by].updates:
         return made_by
     return min(profile.updaters[tid], default=len(profile.ops))

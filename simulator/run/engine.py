@@ -87,6 +87,22 @@ class _Run(RunState):
         self.last_cpu_end = self.now
         self._finish_item(k)
 
+    def _comm_end(self) -> None:
+        """R56: a collective ends as a GPU op does (R7: last-use frees, then the actions
+        after it), with no workspace."""
+        k, now = self.comm_running, self.now
+        self.comm_running = None
+        self.comm_pos += 1
+        self.comm_busy_ps += now - self.comm_started_at
+        self.last_comm_end = now
+        if self.record:
+            op_id, kernel, phase = self.names[self.seq.op_index[k]]
+            wire = self.program.comm[k][0]
+            self.spans.append(Span("comm", op_id, ps_to_us(self.comm_started_at), ps_to_us(now),
+                                   {"op": op_id, "kernel": kernel, "phase": phase, "kind": "collective",
+                                    "bytes": wire}))
+        self._finish_item(k)
+
     def _finish_item(self, k: int) -> None:
         """R7 for item k of either stream: frees, releases, then the actions after it."""
         seq, now = self.seq, self.now
@@ -198,8 +214,37 @@ class _Run(RunState):
                                    {"op": op_id, "kernel": kernel, "phase": phase, "kind": kind}))
 
     def _deps_done(self, k: int) -> bool:
-        dep = self.program.deps.get(k)
-        return dep is None or bool(self.done[dep])
+        """R27, R58: the items of the other streams it waits for have ended."""
+        done = self.done
+        return all(done[j] for j in self.program.deps.get(k, ()))
+
+    def _try_comm(self) -> None:
+        """R58: the comm stream's next collective starts when the previous one ended, the
+        GPU item before it in the sequence has started, the items of the other streams it
+        depends on and the prefetches before it have ended, and its outputs fit; it waits
+        its ring steps' latency, then its wire bytes flow over its links (R57)."""
+        if self.comm_running is not None or self.comm_pos >= len(self.comm_items):
+            return
+        k = self.comm_items[self.comm_pos]
+        issuer = self.program.issue_after[k]
+        if issuer >= 0 and not (self.done[issuer] or (issuer == self.head and self.running_until is not None)):
+            return
+        if self.program.deps and not self._deps_done(k):
+            return
+        if any(not self.ended[w.index] for w in self.program.waits.get(k, ())):
+            return
+        seq, now = self.seq, self.now
+        if not self.memory.fits_item(k, seq.alloc_bytes[k]):
+            return
+        self.memory.allocate(seq.allocs[k], 0, now)
+        wire, latency, links = self.program.comm[k]
+        self.comm_running, self.comm_started_at = k, now
+        for link in links:
+            self.link_bytes[link] += wire
+        if latency:
+            self.comm_latency_until = now + latency
+        else:
+            self.links.start(-1 - k, links, wire, now)
 
     def _try_cpu(self) -> None:
         """R24, R27: the CPU stream's next item starts when the previous one ended, the items
@@ -281,6 +326,8 @@ class _Run(RunState):
             times.append(self.running_until)
         if self.cpu_running_until is not None:
             times.append(self.cpu_running_until)
+        if self.comm_latency_until is not None:
+            times.append(self.comm_latency_until)
         flow_end = self.links.next_end()
         if flow_end is not None:
             times.append(flow_end)
@@ -297,11 +344,18 @@ class _Run(RunState):
             del self.latency_until[j]
             transfer = self.transfers[j]
             self.links.start(j, transfer.route.links, transfer.total, now)
+        if self.comm_latency_until == now:      # R57: the ring's latency ends, its bytes flow
+            self.comm_latency_until = None
+            k = self.comm_running
+            wire, _, links = self.program.comm[k]
+            self.links.start(-1 - k, links, wire, now)
         ending = self.links.ending_at(now)
         if ending:
             self.links.finish(ending, now)
-            for j in sorted(ending, key=self.enqueued_at.__getitem__):
+            for j in sorted((j for j in ending if j >= 0), key=self.enqueued_at.__getitem__):
                 self._transfer_end(j)
+            if any(j < 0 for j in ending):      # a collective's flow (keyed -1 - item)
+                self._comm_end()
 
     def run(self) -> Result:
         compiled, program = self.compiled, self.program
@@ -321,6 +375,7 @@ class _Run(RunState):
         for action in self.program.start_actions:
             self._enqueue(action)
         self._try_compute()
+        self._try_comm()
         self._try_cpu()
         self._try_transfers()
         while True:
@@ -330,9 +385,10 @@ class _Run(RunState):
             self.now = instant
             self._complete()
             self._try_compute()
+            self._try_comm()
             self._try_cpu()
             self._try_transfers()
-        if (self.head < len(self.seq) or self.cpu_pos < len(self.cpu_items)
+        if (self.head < len(self.seq) or self.cpu_pos < len(self.cpu_items) or self.comm_pos < len(self.comm_items)
                 or any(s.queue for s in self.streams)):
             raise _Infeasible(self._stuck())
 
@@ -369,8 +425,15 @@ class _Run(RunState):
                 arena = memory.blocked
             return Blocked("R10", "op" if recomputed is None else "recompute", k, recomputed,
                            seq.alloc_bytes[k], free, memory.largest(), arena=arena)
-        heads = sorted((s.queue[0] for s in self.streams if s.queue), key=self.enqueued_at.__getitem__)
         item = k if k < len(seq) else -1
+        if self.comm_running is None and self.comm_pos < len(self.comm_items):   # R58: a collective waits
+            c = self.comm_items[self.comm_pos]
+            issuer = self.program.issue_after[c]
+            if (issuer < 0 or self.done[issuer]) and self._deps_done(c) \
+                    and not self.memory.fits_item(c, seq.alloc_bytes[c]):
+                return Blocked("R10", "collective", item, None, seq.alloc_bytes[c], free, memory.largest(),
+                               after=seq.group[c], arena=getattr(memory, "blocked", None))
+        heads = sorted((s.queue[0] for s in self.streams if s.queue), key=self.enqueued_at.__getitem__)
         for j in heads:
             transfer = self.transfers[j]
             if (transfer.kind == "prefetch" and (transfer.source < 0 or self.ended[transfer.source])

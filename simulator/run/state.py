@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..compile.compiled import CompiledProfile, Machine
 from ..compile.program import Program, Transfer
-from ..model.links import LINKS, STREAMS
+from ..model.links import COMM_LINKS, LINKS, STREAMS
 from ..result import Result, Span, Timeline
 from ..units import ps_to_us
 from .caching import describe_short
@@ -22,7 +22,7 @@ from .resources import Links, Stream
 class Blocked:
     """Why a valid plan cannot go on (R10, R19): what waits, for how many bytes."""
     rule: str
-    what: str                 # op | recompute | prefetch (waits for room) | stuck | start | capacity
+    what: str                 # op | recompute | prefetch | collective (wait for room) | stuck | start | capacity
     item: int                 # the compute head (-1: none, or at start)
     tensor: str | None
     needed: int
@@ -53,6 +53,8 @@ def describe(blocked: Blocked, op: str | None) -> tuple[str | None, str, dict]:
         what = f"op {op!r} alone does not fit, with every unpinned block evicted (R32)"
     elif blocked.what == "recompute":
         what = f"recompute of {blocked.tensor!r} before {op!r} waits for memory"
+    elif blocked.what == "collective":   # R58: a collective waits for room for its outputs
+        what = f"collective {blocked.after!r} waits for memory" + (f" (op {op!r} waits)" if op else "")
     elif blocked.what == "prefetch":
         what = f"the prefetch of {blocked.tensor!r} waits for memory" + (f" (op {op!r} waits)" if op else "")
     else:
@@ -97,8 +99,11 @@ class RunState:
         self.latency_until: dict[int, int] = {}   # transfer -> ps its latency ends, while it waits it
         self.ended = [False] * n
         self.enqueue_count = 0
-        self.links = Links(machine.link_capacity)
-        self.link_bytes = [0] * len(LINKS)
+        self.on_comm = program.on_comm     # R56: a rank's collectives, with their two links after LINKS
+        self.link_names = LINKS + COMM_LINKS if program.on_comm else LINKS
+        self.links = Links(machine.link_capacity + tuple(program.comm_capacity) if program.on_comm
+                           else machine.link_capacity)
+        self.link_bytes = [0] * len(self.link_names)
         self.streams = [Stream(name) for name in STREAMS]
         self.engine_holder: int | None = None   # half duplex: the transfer holding the copy engine
         self.pending_offloads: dict[str, int] = {}   # tensor -> offloads enqueued or copying (R7)
@@ -112,6 +117,13 @@ class RunState:
         self.cpu_running_until: int | None = None
         self.cpu_busy_ps = 0
         self.last_cpu_end = 0
+        self.comm_items = sorted(program.on_comm)   # the comm stream (R56-R58)
+        self.comm_pos = 0
+        self.comm_running: int | None = None        # the collective item on the interconnect
+        self.comm_latency_until: int | None = None  # ps its ring steps' latency ends
+        self.comm_started_at = 0
+        self.comm_busy_ps = 0
+        self.last_comm_end = 0
         self.running_until: int | None = None
         self.ready_at = 0                  # when the head's predecessor ended
         self.data_ready_at: int | None = None
@@ -128,11 +140,12 @@ class RunState:
         self.names = names
         self.spans: list[Span] = []
         if record:
-            self.links.samples = [(0, (0,) * len(LINKS))]
+            self.links.samples = [(0, (0,) * len(self.link_names))]
 
     def _next_gpu_item(self, k: int) -> int:
-        """The first item at or after k that runs on the GPU."""
-        while k < len(self.seq) and k in self.on_cpu:
+        """The first item at or after k that runs on the GPU (not the CPU's, R24, nor a
+        collective, R56)."""
+        while k < len(self.seq) and (k in self.on_cpu or k in self.on_comm):
             k += 1
         return k
 
@@ -160,7 +173,8 @@ class RunState:
     def _fill_common(self, result: Result) -> None:
         """The figures every run reports the same way: times (the iteration ends with the last
         of compute, CPU ops and transfers, R22), stalls, streams and links."""
-        end = max(self.last_compute_end, self.last_cpu_end, self.last_transfer_end, self.now if not result.ok else 0)
+        end = max(self.last_compute_end, self.last_cpu_end, self.last_transfer_end, self.last_comm_end,
+                  self.now if not result.ok else 0)
         machine_links = self.links.capacity
         result.iteration_us = ps_to_us(end)
         result.overhead = end / self.compiled.ideal_ps - 1.0 if self.compiled.ideal_ps > 0 else 0.0
@@ -175,11 +189,13 @@ class RunState:
         result.tail_us = ps_to_us(max(0, end - self.last_compute_end))
         streams = self.streams
         # R18: a link's bytes; an SSD copy counts on its PCIe direction and on the SSD
-        result.bytes_h2d, result.bytes_d2h, result.bytes_ssd_read, result.bytes_ssd_write = self.link_bytes
+        result.bytes_h2d, result.bytes_d2h, result.bytes_ssd_read, result.bytes_ssd_write = self.link_bytes[:4]
         result.busy_us = {"compute": result.compute_us, **{s.name: ps_to_us(s.busy_ps) for s in streams}}
-        result.link_bytes = dict(zip(LINKS, self.link_bytes))
+        if self.on_comm:
+            result.busy_us["comm"] = ps_to_us(self.comm_busy_ps)
+        result.link_bytes = dict(zip(self.link_names, self.link_bytes))
         result.link_utilisation = {name: (nbytes * 10**12 / (cap * end) if end else 0.0)
-                                   for name, nbytes, cap in zip(LINKS, self.link_bytes, machine_links)}
+                                   for name, nbytes, cap in zip(self.link_names, self.link_bytes, machine_links)}
         result.progress = sum(self.done) / len(self.seq) if len(self.seq) else 1.0
         result.stall_by_op = {op: {"data_us": ps_to_us(d), "memory_us": ps_to_us(m)}
                               for op, (d, m, *_) in self.stall_by_op.items()}
@@ -190,8 +206,8 @@ class RunState:
         result.timeline = Timeline(
             spans=self.spans, memory=[(ps_to_us(t), b) for t, b in memory_samples], budget_bytes=budget,
             phases=_phases(self.spans),
-            link_rates=[(ps_to_us(t), dict(zip(LINKS, rates))) for t, rates in self.links.samples],
-            link_capacity=dict(zip(LINKS, self.links.capacity)))
+            link_rates=[(ps_to_us(t), dict(zip(self.link_names, rates))) for t, rates in self.links.samples],
+            link_capacity=dict(zip(self.link_names, self.links.capacity)))
 
 
 def _phases(spans: list[Span]) -> list[tuple[str, float, float]]:
