@@ -172,3 +172,13 @@ def test_a_rank_plans_and_scores_with_the_reference():
     sim = Simulator(profile, _hw())
     score = sim.score(Plan(profile_name=profile.name))
     assert score.ok and score.iteration_us == 173.0
+
+
+def test_the_bound_knows_the_collectives():
+    # the comm stream alone: 3 steps x 1 us + 150,000 wire bytes at 1 GB/s = 153 us, above the
+    # 30 us of compute; the plan simulates at 173 us, not below
+    from planner.shared.bound import lower_bound
+    profile = _profile(gather_bytes=200_000)
+    bound = lower_bound(profile, _hw(), 10**6)
+    assert bound.value_us == pytest.approx(153.0)
+    assert _run(profile).iteration_us >= bound.value_us

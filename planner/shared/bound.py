@@ -40,6 +40,12 @@ implied by the rules of docs/simulation.md:
   ReLU); an update that ran before p has run before any recompute after p. Such tensors
   can only be swapped, so S is at least E_p less the recomputable idle bytes.
 
+A data-parallel rank (R56-R58): its collectives run one at a time on the comm stream,
+each at least its lone time (its ring steps' latency, then its wire bytes at the slowest
+link it crosses, R57: sharing a link only slows it), and the iteration ends after the
+last of them (R22), so it lasts at least their sum, whatever the plan (no plan removes,
+splits or recomputes a collective, R15, R56).
+
 (F_p and T_p are taken over every live tensor, those p touches too, which only
 loosens them.) The bound is the maximum over ops of the minimum over S of that
 expression, and never below the ideal time. The swap-only variant fixes R = 0.
@@ -72,7 +78,7 @@ from itertools import accumulate
 import numpy as np
 
 from simulator.hardware import Hardware
-from simulator.model.links import link_speed, transfer_links
+from simulator.model.links import collective_us, link_speed, transfer_links
 from simulator.model.recompute import recomputable_until
 from simulator.profile import Profile
 
@@ -146,7 +152,7 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
     starts = op_start_us(profile)
     times = tuple(op.time_us for op in profile.ops)
     spare = [0] * len(profile.ops)   # workspace bytes a smaller variant frees at each op
-    best = profile.ideal_us          # the rounded ideal time (R3) the simulator reports
+    best = max(profile.ideal_us, collectives_us(profile, hardware))   # R3's rounded ideal; a rank's comm stream
     if variants and any(op.variants for op in profile.ops):
         times = tuple(fastest_time_us(op) for op in profile.ops)
         starts = (0.0, *accumulate(times))
@@ -202,6 +208,15 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
         if value > best:
             best, where = value, profile.ops[p].id
     return Bound(best, where, recompute, moves_persistent)
+
+
+def collectives_us(profile: Profile, hardware: Hardware) -> float:
+    """A rank's collectives back to back, each at its lone time (R57): 0 for one GPU, or
+    a machine without an interconnect (the simulator refuses that pair)."""
+    if hardware.interconnect is None:
+        return 0.0
+    return sum(collective_us(hardware, op.collective.steps(), op.collective.wire_bytes(), op.collective.world)
+               for op in profile.ops if op.collective is not None)
 
 
 @dataclass(frozen=True)
