@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -34,6 +35,11 @@ from simulator.units import format_bytes, format_us
 @click.option("--cpu-kernels", is_flag=True, help="Trace the CPU's kernel choices (as for trace).")
 @click.option("--hardware", "hardware_name", default="a100-40gb-pcie4", show_default=True,
               help="Preset or hardware file: the GPU, its links and the roofline that times the kernels.")
+@click.option("--world", type=click.IntRange(1, 65536), default=1, show_default=True,
+              help="Data-parallel GPUs: each size is one rank's batch (or context), throughputs every rank's "
+                   "(needs --strategy and a machine with an interconnect, e.g. a100-80gb-sxm-x8).")
+@click.option("--strategy", type=click.Choice(["ddp", "zero1", "zero2", "zero3", "all"]), default=None,
+              help="How the ranks share the model (as for shard); all: fit each and say which trains the most.")
 @click.option("--memory", default=None, metavar="SIZE",
               help="The GPU memory plans may use (22GiB) [default: the GPU's memory less --reserve].")
 @click.option("--reserve", default=None, metavar="SIZE",
@@ -57,7 +63,8 @@ from simulator.units import format_bytes, format_us
                    "the same folder reads what it has and runs only the rest.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (progress still on stderr).")
 def fit_cmd(model, hf_config, axis, batch, seq, step, max_size, dtype, amp, optimizer, cpu_kernels, hardware_name,
-            memory, reserve, allocator, planner_list, global_batch, time_limit, jobs, dask_address, seed, out, as_json):
+            world, strategy, memory, reserve, allocator, planner_list, global_batch, time_limit, jobs, dask_address,
+            seed, out, as_json):
     """The largest batch (or context) MODEL trains with within the GPU's memory, per family
     of planners (baseline, swap, recompute, swap + recompute, ...), by which planner, and
     its simulated step time and throughput; the size with the best throughput; and what
@@ -70,7 +77,7 @@ def fit_cmd(model, hf_config, axis, batch, seq, step, max_size, dtype, amp, opti
     kept; rerun to resume). See docs/fit.md.
     """
     from cli_errors import need_torch
-    from fit.api import axis_bounds, families_of, fit, fit_memory, make_spec
+    from fit.api import axis_bounds, best_strategy, data_parallel, families_of, fit, fit_memory, make_spec
     from fit.report import write_report
     from fit.run import FitRequest
     from fit.store import fit_folder, fit_writes
@@ -84,6 +91,7 @@ def fit_cmd(model, hf_config, axis, batch, seq, step, max_size, dtype, amp, opti
     if step is not None and axis == "batch":
         raise InputError("<argument>", "--step", "goes with --axis seq (the batch axis steps by one sample)")
     hardware = load_hardware(hardware_name)
+    strategies = data_parallel(hardware, world, strategy)
     spec = make_spec(model, hf_config, hardware_name, axis, step, batch, seq, dtype, amp, optimizer, cpu_kernels)
     if hf_config is not None:
         from tracer.hf_config import precheck
@@ -100,27 +108,50 @@ def fit_cmd(model, hf_config, axis, batch, seq, step, max_size, dtype, amp, opti
     first, last = axis_bounds(spec, batch if axis == "batch" else seq, max_size)
     fit_folder(out).check(inputs=[("hardware file", hardware_name), ("--hf-config file", hf_config)],
                           writes=fit_writes)
-    request = FitRequest(spec, memory_bytes, families, seed, time_limit, first, last, global_batch, allocator)
     workers = jobs or os.cpu_count() or 1
     held = "reserved by PyTorch's caching allocator" if allocator else "live"
-    click.echo(f"fit: {spec.label} on {hardware.name} within {format_bytes(memory_bytes)} {held}, {axis} axis, "
-               f"{len(families)} famil{'ies' if len(families) > 1 else 'y'} ({', '.join(families)}) on "
-               f"{workers} process{'es' if workers > 1 else ''}", err=True)
-    summary, state = fit(request, out, workers, dask_address, say=lambda line: click.echo(line, err=True))
-    page = None
-    if not state.interrupted:
-        with fit_folder(out).locked():
-            page = write_report(summary, Path(out))
-    if as_json:
-        click.echo(json.dumps(summary, indent=2, allow_nan=False))
-    else:
-        print_fit(summary)
-        click.echo(f"{state.traced} sizes traced, {state.ran} plans made, {state.resumed} read from {out}"
-                   + (f"; report in {page}" if page else ""))
-    if state.interrupted:
-        click.echo(f"interrupted: finished probes are in {os.path.join(out, 'results.json')}; run the same "
-                   "command again to resume", err=True)
-        raise click.exceptions.Exit(130)
+    summaries = {}
+    for each in strategies or (None,):     # one fit per strategy, each in its own folder under --out
+        folder = out if len(strategies) <= 1 else os.path.join(out, each)
+        ranked = replace(spec, strategy=each, world=world if each else 1)
+        request = FitRequest(ranked, memory_bytes, families, seed, time_limit, first, last, global_batch, allocator)
+        ranks = f", one rank of {world} ({each})" if each else ""
+        click.echo(f"fit: {spec.label} on {hardware.name} within {format_bytes(memory_bytes)} {held}{ranks}, "
+                   f"{axis} axis, {len(families)} famil{'ies' if len(families) > 1 else 'y'} "
+                   f"({', '.join(families)}) on {workers} process{'es' if workers > 1 else ''}", err=True)
+        summary, state = fit(request, folder, workers, dask_address, say=lambda line: click.echo(line, err=True))
+        summaries[each] = summary
+        page = None
+        if not state.interrupted:
+            with fit_folder(folder).locked():
+                page = write_report(summary, Path(folder))
+        if not as_json:
+            print_fit(summary)
+            click.echo(f"{state.traced} sizes traced, {state.ran} plans made, {state.resumed} read from {folder}"
+                       + (f"; report in {page}" if page else ""))
+        if state.interrupted:
+            click.echo(f"interrupted: finished probes are in {os.path.join(folder, 'results.json')}; run the "
+                       "same command again to resume", err=True)
+            raise click.exceptions.Exit(130)
+    if len(summaries) > 1:
+        best = best_strategy(summaries)
+        if as_json:
+            click.echo(json.dumps({"world": world, "strategies": summaries, "best": best}, indent=2,
+                                  allow_nan=False))
+        else:
+            print_best_strategy(best, world, summaries)
+    elif as_json:
+        click.echo(json.dumps(summaries[strategies[0] if strategies else None], indent=2, allow_nan=False))
+
+
+def print_best_strategy(best: list[dict], world: int, summaries: dict) -> None:
+    """``--strategy all``: per family, the strategy that trains the largest rank's size."""
+    from cli_text import table
+
+    unit = next(iter(summaries.values()))["unit"]
+    table(f"the most per family on {world} GPUs", ["family", "strategy", "max a rank", "planner", "step", unit],
+          [[b["family"], b["strategy"], b["max"], b["planner"], format_us(b["iteration_us"]),
+            f"{b['throughput']:,.1f}"] for b in best], right={2, 4, 5})
 
 
 def print_fit(summary: dict) -> None:
@@ -136,7 +167,8 @@ def print_fit(summary: dict) -> None:
         over = f" (+{format_bytes(row['next_over_bytes'])})" if row.get("next_over_bytes") else ""
         rows.append([row["family"], row["max"], row["planner"] or "-", step, speed, best,
                      f"{row['wall'] or '-'}{over}"])
-    table(f"largest {summary['axis']} within {format_bytes(summary['memory_bytes'])} on {summary['hardware']}",
+    ranks = f", a rank of {summary['world']} ({summary['strategy']})" if summary.get("strategy") else ""
+    table(f"largest {summary['axis']} within {format_bytes(summary['memory_bytes'])} on {summary['hardware']}{ranks}",
           ["family", "max", "planner", "step", unit, f"best {unit}", "wall at the next size"], rows,
           right={1, 3, 4, 5})
     for row in summary["families"]:

@@ -73,10 +73,34 @@ def axis_bounds(spec: TraceSpec, start_size: int | None, limit_size: int | None)
     return first, last
 
 
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3")   # data parallelism (docs/sharding.md)
+
+
+def data_parallel(hardware, world: int, strategy: str | None) -> tuple[str, ...]:
+    """The strategies a fit over ``world`` GPUs tries (``all``: every one; none for one
+    GPU). InputError for a world without a strategy, a strategy without a world, or a
+    machine without enough GPUs (R57)."""
+    if world == 1:
+        if strategy is not None:
+            raise InputError("<argument>", "--strategy", "goes with --world N (N > 1)")
+        return ()
+    if strategy is None:
+        raise InputError("<argument>", "--strategy", f"--world {world} needs a strategy: {', '.join(STRATEGIES)}, "
+                                                     "or all to search them")
+    link = hardware.interconnect
+    if link is None or link.world < world:
+        have = "no interconnect section" if link is None else f"{link.world} GPUs"
+        raise InputError("<argument>", "--world", f"{world} ranks, but {hardware.name} has {have} (multi-GPU "
+                                                  "presets: a100-80gb-sxm-x8, h100-80gb-sxm-x8, "
+                                                  "h100-80gb-sxm-x8-2node, rtx4090-24gb-pcie4-x4)")
+    return STRATEGIES if strategy == "all" else (strategy,)
+
+
 def make_spec(model, hf_config, hardware: str, axis: str, step: int | None, batch, seq, dtype, amp, optimizer,
-              cpu_kernels: bool) -> TraceSpec:
+              cpu_kernels: bool, strategy: str | None = None, world: int = 1) -> TraceSpec:
     """The trace spec of a fit: ``step`` defaults to one sample on the batch axis and
-    ``SEQ_STEP`` tokens on the seq axis, where the batch defaults to 1."""
+    ``SEQ_STEP`` tokens on the seq axis, where the batch defaults to 1; with a
+    ``strategy``, each size is one rank of ``world`` (the size is a rank's)."""
     if axis not in AXES:
         raise InputError("<argument>", "--axis", f"expected batch or seq, got {axis!r}")
     if (model is None) == (hf_config is None):
@@ -85,8 +109,10 @@ def make_spec(model, hf_config, hardware: str, axis: str, step: int | None, batc
     if step < 1:
         raise InputError("<argument>", "--step", f"must be >= 1, got {step}")
     if axis == "batch":
-        return TraceSpec(model, hf_config, hardware, axis, step, None, seq, dtype, amp, optimizer, cpu_kernels)
-    return TraceSpec(model, hf_config, hardware, axis, step, batch or 1, None, dtype, amp, optimizer, cpu_kernels)
+        return TraceSpec(model, hf_config, hardware, axis, step, None, seq, dtype, amp, optimizer, cpu_kernels,
+                         strategy, world)
+    return TraceSpec(model, hf_config, hardware, axis, step, batch or 1, None, dtype, amp, optimizer, cpu_kernels,
+                     strategy, world)
 
 
 def summarize(request: FitRequest, state: FitState, hardware_name: str) -> dict:
@@ -101,6 +127,8 @@ def summarize(request: FitRequest, state: FitState, hardware_name: str) -> dict:
                "fixed": {"seq": spec.seq} if spec.axis == "batch" else {"batch": spec.batch},
                "dtype": spec.dtype, "amp": spec.amp, "optimizer": spec.optimizer, "seed": request.seed,
                "time_limit": request.time_limit, "allocator": request.allocator or "bytes", "families": families}
+    if spec.strategy is not None:          # sizes are a rank's; throughputs every rank's together
+        summary.update(strategy=spec.strategy, world=spec.world)
     if request.global_batch is not None:
         ways = [accumulation(family, planners, request.global_batch, spec, state.searches[family].largest,
                              state.rows, state.traces) for family, planners in request.families.items()]
@@ -119,3 +147,19 @@ def fit(request: FitRequest, out: str, jobs: int = 1, dask_address: str | None =
     summary = summarize(request, state, load_hardware(request.spec.hardware).name)
     fit_folder(out).save([], header=summary)
     return summary, state
+
+
+def best_strategy(summaries: dict[str, dict]) -> list[dict]:
+    """Per family, the strategy that trains the largest size (ties: the faster), from
+    each strategy's summary: what ``--strategy all`` answers."""
+    best: dict[str, dict] = {}
+    for strategy, summary in summaries.items():
+        for row in summary["families"]:
+            if not row["max"] or row["throughput"] is None:
+                continue
+            have = best.get(row["family"])
+            if have is None or (row["max"], row["throughput"]) > (have["max"], have["throughput"]):
+                best[row["family"]] = {"family": row["family"], "strategy": strategy, "max": row["max"],
+                                       "planner": row["planner"], "iteration_us": row["iteration_us"],
+                                       "throughput": row["throughput"]}
+    return list(best.values())

@@ -10,6 +10,7 @@ are probed after the edges (``summary.accumulation_candidates``).
 """
 from __future__ import annotations
 
+import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -101,7 +102,8 @@ def run_fit(request: FitRequest, out: str, jobs: int = 1, dask_address: str | No
             return [step]
         if request.global_batch is None:
             return []
-        return accumulation_candidates(request.global_batch, spec.step, state.searches[family].largest)
+        return accumulation_candidates(math.ceil(request.global_batch / spec.ranks), spec.step,
+                                       state.searches[family].largest)
 
     def rows_at(family: str, units: int) -> list[dict] | None:
         """The family's rows at ``units``, submitting what is missing; None while any is."""

@@ -18,9 +18,9 @@ FAMILY_FIELDS = ("family", "max", "planner", "iteration_us", "throughput", "unit
 
 def throughput(spec: TraceSpec, units: int, iteration_us: float, batch: int) -> float:
     """Samples per second on the batch axis; tokens per second (batch x context) on the
-    seq axis."""
+    seq axis; of every rank together (a rank's batch is the size)."""
     per_step = spec.size(units) if spec.axis == "batch" else batch * spec.size(units)
-    return per_step / (iteration_us / 1e6)
+    return spec.ranks * per_step / (iteration_us / 1e6)
 
 
 def unit_of(spec: TraceSpec) -> str:
@@ -100,12 +100,13 @@ def accumulation(family: str, planners: tuple[str, ...], global_batch: int, spec
     step repeated with its optimizer ops once (docs/fit.md: the repeated steps' optimizer
     time is the ideal one, taken off)."""
     best = None
-    for units in accumulation_candidates(global_batch, spec.step, largest):
+    ranks = spec.ranks                    # every rank trains a micro-batch of its own
+    for units in accumulation_candidates(math.ceil(global_batch / ranks), spec.step, largest):
         row = fastest([rows[(units, p)] for p in planners if (units, p) in rows])
         if row is None:
             continue
         micro = spec.size(units)
-        count = math.ceil(global_batch / micro)
+        count = math.ceil(global_batch / (micro * ranks))
         optimizer_us = traces[units].optimizer_us or 0.0
         step_us = count * row["iteration_us"] - (count - 1) * optimizer_us
         if best is None or step_us < best["step_us"]:

@@ -40,6 +40,8 @@ class TraceSpec:
     amp: str | None = None
     optimizer: str = "adamw"
     cpu_kernels: bool = False
+    strategy: str | None = None     # data parallelism over ``world`` GPUs: each size's rank (swapplan shard)
+    world: int = 1
 
     def at(self, units: int) -> tuple[int | None, int | None]:
         """(batch, seq) of ``units`` steps along the axis."""
@@ -54,6 +56,11 @@ class TraceSpec:
     @property
     def label(self) -> str:
         return self.model if self.hf_config is None else Path(self.hf_config).stem
+
+    @property
+    def ranks(self) -> int:
+        """The data-parallel ranks a step's samples are spread over (1: one GPU)."""
+        return self.world if self.strategy is not None else 1
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,8 @@ def cache_key(spec: TraceSpec, units: int, fingerprint: str) -> str:
     """The cache's key of ``spec`` at ``units`` (``fingerprint``: ``environment_fingerprint``)."""
     batch, seq = spec.at(units)
     fields = dict(asdict(spec), batch=batch, seq=seq, axis=None, step=None, env=fingerprint)
+    if spec.strategy is None:          # one GPU: the keys of caches made before ranks existed
+        del fields["strategy"], fields["world"]
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -88,10 +97,11 @@ def environment_fingerprint(spec: TraceSpec) -> str:
     for path in _model_files(spec):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
-    tracer_dir = Path(__file__).resolve().parent.parent / "tracer"
-    for path in sorted(tracer_dir.rglob("*.py")) + sorted(tracer_dir.rglob("*.json")):
-        digest.update(str(path.relative_to(tracer_dir)).encode())
-        digest.update(path.read_bytes())
+    root = Path(__file__).resolve().parent.parent
+    for folder in ("tracer", "shard") if spec.strategy is not None else ("tracer",):
+        for path in sorted((root / folder).rglob("*.py")) + sorted((root / folder).rglob("*.json")):
+            digest.update(str(path.relative_to(root / "tracer" if folder == "tracer" else root)).encode())
+            digest.update(path.read_bytes())
     try:
         digest.update(metadata.version("torch").encode())
     except metadata.PackageNotFoundError:
@@ -157,6 +167,9 @@ def trace_job(spec: TraceSpec, units: int, key: str, folder: str) -> Traced:
         profile = trace(spec.model, batch=batch, seq=seq, dtype=spec.dtype, optimizer=spec.optimizer,
                         hardware=spec.hardware, gpu_kernels=not spec.cpu_kernels, amp=spec.amp,
                         hf_config=spec.hf_config)
+        if spec.strategy is not None:      # one rank of ``world`` (R56-R58)
+            from shard import shard_profile
+            profile = shard_profile(profile, spec.strategy, spec.world)
     except SwapplanError as exc:
         reason = exc.problem if isinstance(exc, InputError) else str(exc)
         write_atomic(cache.folder / f"{key}.error", (reason.replace("\n", " ") + "\n").encode())
