@@ -5,7 +5,7 @@ Bad input of any kind, a usage error included, exits with status 2 and one line
 the line) prints the traceback before that line and keeps the exit status.
 
 This module is the group, its options and the entry point; each command lives in a module
-of its own (cli_info, cli_profile, cli_simulate, cli_plan, cli_run, cli_fit), which imports
+of its own (cli_info, cli_profile, cli_simulate, cli_plan, cli_run, cli_fit, cli_shard), which imports
 nothing of cli; cli_common holds what they share, cli_text what they print, cli_errors how
 they end.
 """
@@ -21,6 +21,7 @@ from cli_info import hardware_cmd, info, planners_cmd, profiles_cmd, validate
 from cli_plan import compare_cmd, plan_cmd
 from cli_profile import import_group, synth, trace_cmd, variants_cmd
 from cli_run import replay_cmd, train_cmd
+from cli_shard import shard_cmd
 from cli_simulate import place_cmd, simulate
 
 
@@ -47,7 +48,7 @@ def app(ctx: click.Context, debug: bool) -> None:
 
 # the commands, in their modules; `swapplan --help` lists them by name
 for _command in (info, validate, synth, simulate, replay_cmd, trace_cmd, train_cmd, import_group, plan_cmd,
-                 compare_cmd, place_cmd, variants_cmd, planners_cmd, hardware_cmd, profiles_cmd, fit_cmd):
+                 compare_cmd, place_cmd, variants_cmd, planners_cmd, hardware_cmd, profiles_cmd, fit_cmd, shard_cmd):
     app.add_command(_command)
 
 

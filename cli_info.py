@@ -27,8 +27,10 @@ def info(profile: str, as_json: bool, top: int) -> None:
     source = summary["source"]
     click.echo(f"profile      {summary['name']}  ({summary['file']})")
     if source:
-        click.echo("source       " + ", ".join(f"{k}={v}" for k, v in source.items()))
+        click.echo("source       " + ", ".join(f"{k}={v}" for k, v in source.items() if k != "shard"))
     click.echo(f"ops          {summary['ops']}  ({ops_by_phase})")
+    if summary["shard"] or summary["collective_ops"]:
+        click.echo(_collectives_line(summary))
     click.echo(f"tensors      {summary['tensors']}")
     click.echo(f"no-swap peak {format_bytes(summary['peak_bytes'])}  ({summary['peak_bytes']} B) "
                f"at op {summary['peak_op']} ({summary['peak_op_name']}, {summary['peak_op_phase']})")
@@ -41,6 +43,16 @@ def info(profile: str, as_json: bool, top: int) -> None:
         click.echo("")
         rows = [[t["id"], t["kind"], format_bytes(t["bytes"]), t["name"] or ""] for t in summary["largest_tensors"]]
         table("largest tensors", ["id", "kind", "bytes", "name"], rows, right={2})
+
+
+def _collectives_line(summary: dict) -> str:
+    """``shard        zero3 over 8 ranks; 39 collective ops (all_gather 26, ...)``."""
+    kinds = ", ".join(f"{kind} {row['ops']}" for kind, row in summary["collectives_by_kind"].items() if row["ops"])
+    ops = f"{summary['collective_ops']} collective ops" + (f" ({kinds})" if kinds else "")
+    shard = summary["shard"]
+    if shard:
+        return f"shard        {shard.get('strategy')} over {shard.get('world')} ranks; {ops}"
+    return f"collectives  {ops}"
 
 
 # ----------------------------------------------------------------------------- validate

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 from .errors import InputError
-from .profile import PHASES, TENSOR_KINDS, Profile, load_profile
+from .profile import COLLECTIVE_KINDS, PHASES, TENSOR_KINDS, Profile, load_profile
 
 _SUFFIXES = (".json", ".json.gz", ".yaml", ".yml")
 
@@ -108,6 +108,19 @@ def preset_for_device(device: str) -> str | None:
     return min(found)[2] if len({model for model, _, _ in found}) == 1 else None
 
 
+def collectives_by_kind(profile: Profile) -> dict[str, dict[str, int]]:
+    """Per collective kind (R56): its ops, their payload bytes and the bytes this rank
+    sends (``Collective.wire_bytes``)."""
+    found = {kind: {"ops": 0, "bytes": 0, "wire_bytes": 0} for kind in COLLECTIVE_KINDS}
+    for op in profile.ops:
+        if op.collective is not None:
+            row = found[op.collective.kind]
+            row["ops"] += 1
+            row["bytes"] += op.collective.bytes
+            row["wire_bytes"] += op.collective.wire_bytes()
+    return found
+
+
 def profile_summary(profile: Profile, largest: int = 10) -> dict:
     """The stable ``info --json`` fields of a profile (sizes in bytes, times in us)."""
     bytes_by_kind = {kind: 0 for kind in TENSOR_KINDS}
@@ -121,6 +134,8 @@ def profile_summary(profile: Profile, largest: int = 10) -> dict:
         time_by_phase[op.phase] += op.time_us
     peak_op = profile.ops[profile.op_index[profile.peak_op]] if profile.peak_op else None
     top = heapq.nsmallest(largest, profile.tensors, key=lambda t: (-t.bytes, t.id))
+    collectives = collectives_by_kind(profile)
+    shard = profile.source.get("shard")
     return {
         "name": profile.name,
         "file": profile.origin,
@@ -139,6 +154,9 @@ def profile_summary(profile: Profile, largest: int = 10) -> dict:
         "ideal_us": profile.ideal_us,
         "largest_tensors": [{"id": t.id, "bytes": t.bytes, "kind": t.kind, "name": t.name}
                             for t in top],
+        "shard": shard if isinstance(shard, dict) else None,   # one data-parallel rank: how it was made
+        "collective_ops": sum(row["ops"] for row in collectives.values()),
+        "collectives_by_kind": collectives,
     }
 
 
