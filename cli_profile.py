@@ -99,11 +99,15 @@ def synth(model, layers, width, batch, seq, dtype, hardware_name, output) -> Non
                    "to fractions of non-zero elements from 0 to 1 (over --density's for the tensors it names).")
 @click.option("--density-out", "density_out", default=None, metavar="FILE",
               help="Also write the profile's densities to FILE (JSON, the format --density-file reads).")
+@click.option("--shard", "shard_strategy", type=click.Choice(["ddp", "zero1", "zero2", "zero3"]), default=None,
+              help="Write one rank of --world data-parallel ranks instead, sharded with this strategy (as `swapplan "
+                   "shard` does with its defaults; see docs/sharding.md).")
+@click.option("--world", type=click.IntRange(1, 65536), default=None, help="With --shard: the ranks.")
 @click.option("--list", "list_models", is_flag=True, help="List the registered models and exit.")
 @click.option("-o", "--output", default=None, help="Profile file to write (.json, .json.gz, .yaml).")
 def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name, cpu_kernels, name, runtime,
               density, density_batch, density_seq, density_seed, density_threads, density_file, density_out,
-              list_models, output) -> None:
+              shard_strategy, world, list_models, output) -> None:
     """Trace one training step of MODEL (forward, backward, optimizer) on fake tensors:
     no weights, no GPU, no download; kernel times from a roofline of the hardware.
 
@@ -128,6 +132,8 @@ def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name
                         or density_threads is not None):
         raise click.UsageError("--density-batch, --density-seq, --density-seed and --density-threads go with "
                                "--density")
+    if (shard_strategy is None) != (world is None):
+        raise click.UsageError("--shard and --world go together")
     guard_outputs({"-o": output, "--density-out": density_out},
                   [("--hf-config file", hf_config), ("hardware file", hardware_name), ("--density-file", density_file)])
     if hf_config is not None:   # a bad or oversized config fails at once, before torch is imported
@@ -152,9 +158,16 @@ def trace_cmd(model, hf_config, batch, seq, dtype, amp, optimizer, hardware_name
             raise
         raise InputError("", "", f"trace of {what} {TRACE_EXTRA} ({exc.name} is not installed)") from None
     profile = _apply_density_file(profile, density_file, raw_densities)
-    save_profile(profile, output)
-    click.echo(f"wrote {output}: {profile.name}, {len(profile.ops)} ops, {len(profile.tensors)} tensors, "
-               f"peak {format_bytes(profile.peak_bytes)}, ideal {format_us(profile.ideal_us)}")
+    if shard_strategy is not None:
+        from cli_shard import echo_rank
+        from shard import shard_profile
+        rank = shard_profile(profile, shard_strategy, world)
+        save_profile(rank, output)
+        echo_rank(output, profile, rank)
+    else:
+        save_profile(profile, output)
+        click.echo(f"wrote {output}: {profile.name}, {len(profile.ops)} ops, {len(profile.tensors)} tensors, "
+                   f"peak {format_bytes(profile.peak_bytes)}, ideal {format_us(profile.ideal_us)}")
     _density_outputs(profile, density or density_file, density_out)
 
 

@@ -63,8 +63,9 @@ def echo_rank(output: str, original, rank) -> None:
         shown = ", ".join(units) if len(units) <= 4 else f"{units[0]}, {units[1]}, ..., {units[-1]}"
         click.echo(f"  units        {len(units)}: {shown}")
     share = s["persistent_bytes"] / s["unsharded_persistent_bytes"] if s["unsharded_persistent_bytes"] else 1.0
-    click.echo(f"  persistent   {format_bytes(s['persistent_bytes'])} per rank, {format_bytes(s['unsharded_persistent_bytes'])}"
-               f" unsharded ({share:.1%}); padding {format_bytes(s['padding_bytes'])}")
+    click.echo(f"  persistent   {format_bytes(s['persistent_bytes'])} per rank, "
+               f"{format_bytes(s['unsharded_persistent_bytes'])} unsharded ({share:.1%}); "
+               f"padding {format_bytes(s['padding_bytes'])}")
     rows = [f"{kind} {row['ops']} ({format_bytes(row['bytes'])}, sends {format_bytes(row['wire_bytes'])})"
             for kind, row in s["collectives"].items() if row["ops"]]
     click.echo(f"  collectives  {', '.join(rows) if rows else 'none (one rank)'}")

@@ -27,7 +27,8 @@ class ShardOptions:
 
 def check_options(strategy, world, wrap, keep_gathered, keep_root_gathered, bucket_bytes, prefetch) -> ShardOptions:
     if strategy not in STRATEGIES:
-        raise InputError(ARGUMENT, "strategy", f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
+        raise InputError(ARGUMENT, "strategy",
+                         f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
     if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= MAX_WORLD:
         raise InputError(ARGUMENT, "world", f"expected a whole number of ranks from 1 to {MAX_WORLD}, got {world!r}")
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or not 1 <= bucket_bytes < MAX_BYTES:
@@ -42,7 +43,8 @@ def check_options(strategy, world, wrap, keep_gathered, keep_root_gathered, buck
         for name, given in (("wrap", wrap is not None), ("keep_gathered", keep_gathered),
                             ("keep_root_gathered", keep_root_gathered), ("prefetch", not prefetch)):
             if given:
-                raise InputError(ARGUMENT, name, f"applies to zero3 only (its wrap units and gathers), not to {strategy}")
+                raise InputError(ARGUMENT, name,
+                                 f"applies to zero3 only (its wrap units and gathers), not to {strategy}")
     return ShardOptions(strategy, world, wrap, bool(keep_gathered), bool(keep_root_gathered), bucket_bytes,
                         bool(prefetch))
 

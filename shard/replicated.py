@@ -13,7 +13,7 @@ from .roles import BACKWARD, OPTIMIZER, Roles
 from .step import shard_step
 
 
-def _ready_order(roles: Roles, tensors) -> list[str]:
+def _ready_order(roles: Roles) -> list[str]:
     order = {g: k for k, g in enumerate(roles.grads)}
     return sorted(roles.grads, key=lambda g: (roles.ready[g], order[g]))
 
@@ -21,7 +21,7 @@ def _ready_order(roles: Roles, tensors) -> list[str]:
 def data_parallel(profile: Profile, roles: Roles, graph: RankGraph, *, bucket_bytes: int) -> None:
     """DDP: each bucket of gradients all-reduced in place after the op that completes it."""
     tensors = profile.tensor_by_id
-    order = _ready_order(roles, tensors)
+    order = _ready_order(roles)
     for k, bucket in enumerate(fill([(g, tensors[g].bytes) for g in order], bucket_bytes)):
         at = max(roles.ready[g] for g in bucket)
         op = graph.collective(f"ar.bucket{k}", "all_reduce", sum(tensors[g].bytes for g in bucket),
@@ -35,7 +35,7 @@ def optimizer_sharded(profile: Profile, roles: Roles, graph: RankGraph, *, stage
     tensors, world = profile.tensor_by_id, graph.world
     for tid in roles.opt_states:
         graph.shard(tid)
-    order = _ready_order(roles, tensors)
+    order = _ready_order(roles)
     end = _end_of_backward(roles)
     for k, bucket in enumerate(fill([(g, padded_bytes(tensors[g], world)) for g in order], bucket_bytes)):
         at = max(roles.ready[g] for g in bucket) if stage == 2 else end

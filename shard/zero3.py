@@ -90,7 +90,9 @@ def _reduce_scatters(profile: Profile, roles: Roles, units: Units, graph: RankGr
         grads_of.setdefault(unit, []).append(g)
     rank = {u: k for k, u in enumerate(backward)}
     at = {u: max(roles.ready[g] for g in grads) for u, grads in grads_of.items()}
-    for unit in sorted(grads_of, key=lambda u: (at[u], rank.get(u, len(rank)), u)):
+    # ready at the same op: the unit whose backward began last is reduced first (the root last, as
+    # FSDP's root reduces in its final callback)
+    for unit in sorted(grads_of, key=lambda u: (at[u], -rank.get(u, -1), u)):
         grads = grads_of[unit]
         shards = [graph.shard_of(g) for g in grads]
         size = sum(padded_bytes(profile.tensor_by_id[g], graph.world) for g in grads)
