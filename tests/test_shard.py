@@ -373,3 +373,26 @@ def test_gpt2_world_one_keeps_peak_and_time(gpt2):
     for strategy in ("ddp", "zero3"):
         rank = shard_profile(gpt2, strategy, 1)
         assert (rank.peak_bytes, rank.ideal_us) == (gpt2.peak_bytes, gpt2.ideal_us)
+
+
+# ----------------------------------------------------------------------------- trace --shard
+
+
+def tiny_sequential():
+    """nn.Sequential of two Linear layers: modules 0, 1, 2 (torch imported by the caller's test)."""
+    import torch
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    return net, torch.randn(16, 32)
+
+
+def test_trace_shard_writes_the_rank_of_the_traced_step(tmp_path):
+    pytest.importorskip("torch", reason="tracing needs torch (the 'trace' extra)")
+    out = tmp_path / "r.json"
+    result = run("trace", f"{__name__}:tiny_sequential", "--shard", "zero3", "--world", "2", "-o", out)
+    assert result.exit_code == 0, result.output
+    rank = load_profile(out)
+    assert rank.source["shard"]["units"] == ["0", "2"] and rank.source["kind"] == "traced"
+    assert rank.name.endswith("-zero3-w2") and "units        2: 0, 2" in result.output
+    for args in (["--shard", "zero3"], ["--world", "2"]):
+        result = run("trace", f"{__name__}:tiny_sequential", *args, "-o", tmp_path / "x.json")
+        assert result.exit_code == 2 and "--shard and --world go together" in result.stderr
