@@ -329,7 +329,8 @@ def test_a_sequence_beyond_the_config_limit_is_refused(config):
 
 # Published parameter counts of the models the shipped configs describe.
 SHIPPED = {"llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320,
-           "llama2-70b": 68_976_648_192, "mistral-7b": 7_241_732_096}
+           "llama2-70b": 68_976_648_192, "mistral-7b": 7_241_732_096,
+           "llama3.1-8b": 8_030_261_248}
 
 
 def test_shipped_configs_build_the_published_models():

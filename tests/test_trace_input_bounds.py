@@ -181,7 +181,7 @@ def test_bounds_read_a_transformers_config_object_too():
 
 def test_shipped_configs_are_within_bounds_and_the_estimate_is_a_lower_bound():
     published = {"llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320,
-                 "llama2-70b": 68_976_648_192, "mistral-7b": 7_241_732_096}
+                 "llama2-70b": 68_976_648_192, "mistral-7b": 7_241_732_096, "llama3.1-8b": 8_030_261_248}
     for path in hf_config.shipped_configs():
         data = hf_config.read_config(path)
         hf_config.check_bounds(str(path), data, batch=1, seq=1024, memory=1 << 40)
