@@ -385,8 +385,16 @@ class PlannedInterpreter:
             if tid not in self.gpu or tid in self.incoming:
                 state = "still arriving" if tid in self.incoming else "not on the GPU"
                 raise RuntimeFailure(f"{name} reads tensor {tid}, which is {state}")
-        binding = self.bindings.ops[op.id]
         self.temps = []
+        if op.collective is not None:   # R56: a rank's collective (runtime/rank.py runs them)
+            for tid in op.updates:
+                self.valid["host"].discard(tid)
+                self.valid["ssd"].discard(tid)
+            self._run_collective(op, name)
+            self._measure_temporaries(name)
+            return
+        binding = self.bindings.ops[op.id]
+        self._before_op(op)
         if recomputed is None:
             for tid in op.updates:   # R16: host and SSD copies go stale
                 self.valid["host"].discard(tid)
@@ -397,7 +405,20 @@ class PlannedInterpreter:
         else:
             self._recompute(recomputed, binding, name)
             self.applied += 1
+        self._after_op(op)
         self._measure_temporaries(name)
+
+    # hooks for one rank of a data-parallel run (runtime/rank.py)
+
+    def _before_op(self, op) -> None:
+        """Before op's nodes run (or its recompute): nothing on one GPU."""
+
+    def _after_op(self, op) -> None:
+        """After op's nodes ran: nothing on one GPU."""
+
+    def _run_collective(self, op, name: str) -> None:
+        raise RuntimeFailure(f"{name} is a collective ({op.collective.kind}): run a rank's profile with "
+                             "runtime.rank.RankInterpreter")
 
     def _item_end(self, k: int) -> None:
         seq = self.rplan.seq
@@ -622,11 +643,15 @@ def _timed_events(result, rplan, profile) -> list:
     and ends in its place)."""
     spans = result.timeline.spans
     seq = rplan.seq
-    compute = [s for s in spans if s.track == "compute"]
+    on_comm = [k for k in range(len(seq))
+               if seq.recomputed[k] is None and profile.ops[seq.op_index[k]].collective is not None]
+    comm = set(on_comm)
+    items = [k for k in range(len(seq)) if k not in comm] + on_comm   # GPU items in order, then the comm stream's
+    compute = [s for s in spans if s.track == "compute"] + [s for s in spans if s.track == "comm"]
     if len(compute) != len(seq):
         raise RuntimeFailure(f"the simulated timeline has {len(compute)} compute items, the plan {len(seq)}")
     events = []
-    for k, span in enumerate(compute):
+    for k, span in zip(items, compute):
         if span.args.get("op") != profile.ops[seq.op_index[k]].id:
             raise RuntimeFailure(f"the simulated timeline runs {span.args.get('op')} where the plan runs "
                                  f"{rplan.item_name(k)}")
@@ -638,7 +663,7 @@ def _timed_events(result, rplan, profile) -> list:
         by_key.setdefault((copy.kind, copy.tensor, copy.tier), []).append(copy)
     spans_by_key: dict = {}
     for span in spans:
-        if span.track in ("compute", "cpu"):
+        if span.track in ("compute", "cpu", "comm"):
             continue
         a = span.args
         for tensor in a.get("members", (a["tensor"],)):   # a group (R53): its members copy together
