@@ -92,13 +92,16 @@ def preset_for_device(device: str) -> str | None:
     """The one GPU among the presets whose family (A100, H100, V100, 4090, ...) is named in
     ``device`` and, when ``device`` names a memory size (``80GB``), has that much memory;
     else None. Of several presets of that GPU (the RTX 4090 alone and in LoHan's 256 GB
-    workstation), the plain one: the shortest name."""
+    workstation), the plain one: the shortest name. A trace is one GPU's: the multi-GPU
+    machines (an ``interconnect``) are not among the choices."""
     from .hardware import load_presets
 
     tokens = set(re.findall(r"[A-Z0-9]+", device.upper()))
     sizes = {t for t in tokens if re.fullmatch(r"\d+GB", t)}
     found = []
     for preset in load_presets():
+        if preset.interconnect is not None:
+            continue
         family = [t for t in re.findall(r"[A-Z0-9]+", preset.gpu.model.upper()) if re.fullmatch(r"[A-Z]?\d{3,4}", t)]
         if not family or family[0] not in tokens:
             continue
