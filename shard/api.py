@@ -16,7 +16,7 @@ def shard_profile(profile: Profile, strategy: str, world: int, wrap=None, keep_g
                   bucket_bytes: int = DEFAULT_BUCKET_BYTES, prefetch: bool = True,
                   keep_root_gathered: bool = False) -> Profile:
     """One rank's graph of ``profile`` (one GPU's training iteration) trained on ``world``
-    ranks with ``strategy``: ``ddp``, ``zero1``, ``zero2`` or ``zero3`` (see
+    ranks with ``strategy``: ``ddp``, ``zero1``, ``zero2`` or ``zero3`` (R59, see
     docs/sharding.md). Collectives are ops (R56); ``source.shard`` says how it was made
     and the name gains ``-<strategy>-w<world>``. World 1 gives the same tensors and ops.
 

@@ -19,7 +19,7 @@ def _ready_order(roles: Roles) -> list[str]:
 
 
 def data_parallel(profile: Profile, roles: Roles, graph: RankGraph, *, bucket_bytes: int) -> None:
-    """DDP: each bucket of gradients all-reduced in place after the op that completes it."""
+    """DDP (R59): each bucket of gradients all-reduced in place after the op that completes it."""
     tensors = profile.tensor_by_id
     order = _ready_order(roles)
     for k, bucket in enumerate(fill([(g, tensors[g].bytes) for g in order], bucket_bytes)):
@@ -30,8 +30,8 @@ def data_parallel(profile: Profile, roles: Roles, graph: RankGraph, *, bucket_by
 
 
 def optimizer_sharded(profile: Profile, roles: Roles, graph: RankGraph, *, stage: int, bucket_bytes: int) -> None:
-    """ZeRO-1 (stage 1: gradients reduced once the backward has ended) and ZeRO-2 (stage
-    2: each bucket as soon as it is complete)."""
+    """ZeRO-1 (R59; stage 1: gradients reduced once the backward has ended) and ZeRO-2
+    (stage 2: each bucket as soon as it is complete)."""
     tensors, world = profile.tensor_by_id, graph.world
     for tid in roles.opt_states:
         graph.shard(tid)

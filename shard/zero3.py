@@ -17,6 +17,8 @@ _TAG = {FORWARD: "fwd", BACKWARD: "bwd"}
 
 def fully_sharded(profile: Profile, roles: Roles, units: Units, graph: RankGraph, *, keep_gathered: bool,
                   keep_root_gathered: bool, prefetch: bool) -> None:
+    """ZeRO-3 / FSDP full shard (R59): weights and optimizer state sharded; per unit a
+    gather before its forward and its backward, a reduce-scatter after its backward."""
     for tid in (*roles.params, *roles.opt_states):
         graph.shard(tid)
     unit_params = {u: units.params_of(u, roles.params) for u in units.paths}
