@@ -190,3 +190,35 @@ def test_a_probe_held_to_what_the_caching_allocator_reserves(fitted):
         assert row["reserved_bytes"] <= MEMORY and plan_text is not None
     else:
         assert row["wall"] == "memory" and row["over_bytes"] > 0 and "caching allocator" in row["wall_text"]
+
+
+def test_a_fit_over_ranks_holds_each_rank_to_the_memory(tmp_path):
+    """--world 4 --strategy zero3: each size is one rank's, sharded before it is planned; the
+    baseline's edge is where the rank's own no-swap peak passes the memory, and throughput
+    counts every rank's samples (issue 51)."""
+    from dataclasses import replace
+
+    from shard import shard_profile
+    from simulator.hardware import load_hardware
+    from tracer.pytorch.trace import trace
+
+    request = _request(2**20, ("none",), start=1)
+    spec = replace(request.spec, hardware="rtx4090-24gb-pcie4-x4", strategy="zero3", world=4)
+    summary, _ = fit(replace(request, spec=spec), str(tmp_path), jobs=1)
+    row = _family(summary, "baseline")
+    assert (summary["strategy"], summary["world"]) == ("zero3", 4)
+    assert row["throughput"] == pytest.approx(4 * row["max"] / (row["iteration_us"] / 1e6))
+    hw = load_hardware("rtx4090-24gb-pcie4-x4")
+
+    def rank_peak(batch):
+        return shard_profile(trace(MODEL, batch=batch, hardware=hw), "zero3", 4).peak_bytes
+
+    assert rank_peak(row["max"]) <= 2**20 < rank_peak(row["max"] + 1)
+
+
+def test_world_needs_a_strategy_and_a_machine_that_has_the_gpus(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["fit", MODEL, "--world", "4", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "--world 4 needs a strategy" in result.output
+    result = runner.invoke(app, ["fit", MODEL, "--world", "4", "--strategy", "zero3", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "4 ranks, but a100-40gb-pcie4 has no interconnect section" in result.output
