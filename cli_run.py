@@ -12,7 +12,7 @@ from simulator.plan import load_plan
 from cli_common import (echo_json, hardware_for, parse_params, plan_budget_option, plan_hardware_option,
                         print_note)
 from cli_errors import need_torch, one_line
-from cli_text import print_replay, print_train
+from cli_text import print_replay, print_train, print_train_world
 
 
 def _scale(ctx, param, value):
@@ -87,17 +87,22 @@ def replay_cmd(profile, plan, backend, hardware_name, budget, time_scale, size_s
 @click.option("--seq", type=int, default=None,
               help="Sequence length (language models) or image side in pixels (vision) [default: the model's].")
 @click.option("--optimizer", type=click.Choice(["adamw", "sgd"]), default="adamw", show_default=True)
-@click.option("--hardware", "hardware_name", default="a100-40gb-pcie4", show_default=True,
-              help="Preset or hardware file: the roofline, the budget's ceiling and the clock of the copies.")
+@click.option("--hardware", "hardware_name", default=None,
+              help="Preset or hardware file: the roofline, the budget's ceiling and the clock of the copies "
+                   "[default: a100-40gb-pcie4; with --world N > 1, a100-80gb-sxm-x8 (an interconnect)].")
 @click.option("--cpu-kernels", is_flag=True, help="Trace the CPU's kernel choices instead of those a CUDA run "
                                                   "picks (which run here through CPU emulations).")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="A planner parameter (repeatable).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the weights, the batch and the RNG.")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 1024),
               help="Intra-op CPU threads of every run (the same in all, for bit-equality).")
+@click.option("--world", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Data-parallel ranks: N > 1 runs one step on N processes (gloo), each following its rank's plan.")
+@click.option("--strategy", type=click.Choice(["ddp", "zero1", "zero2", "zero3"]), default=None,
+              help="How the ranks share the state (with --world N > 1; see `swapplan shard`).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def train_cmd(model, planner_name, budget, plan_path, steps, batch, seq, optimizer, hardware_name, cpu_kernels,
-              params, seed, threads, as_json) -> None:
+              params, seed, threads, world, strategy, as_json) -> None:
     """Run real training steps of MODEL on the CPU following a plan, and check them.
 
     Traces MODEL with node identity, plans it (--planner P --budget B) or takes --plan,
@@ -107,8 +112,13 @@ def train_cmd(model, planner_name, budget, plan_path, steps, batch, seq, optimiz
     the simulator's points). Reports whether loss, parameters, optimizer state and
     buffers are bit-equal, the peak of the "GPU" pool against the budget, the actions
     applied and the seconds per step. Exit status: 0 bit-equal, within budget and every
-    action applied; 1 otherwise, or a plan the simulator refuses; 2 bad input. See
-    docs/runtime.md.
+    action applied; 1 otherwise, or a plan the simulator refuses; 2 bad input.
+
+    With --world N > 1 and --strategy S: one data-parallel step on N processes, each
+    following the plan of its rank's profile (the profile sharded with S; a percentage
+    budget is of the rank's peak); checked: each rank's peak against the budget and the
+    simulation, the parameters against one process averaging the N batches' gradients,
+    the collectives issued against the rank graph's. See docs/runtime.md.
     """
     need_torch()
     from runtime import PlanRefused, RuntimeFailure, train
@@ -118,6 +128,11 @@ def train_cmd(model, planner_name, budget, plan_path, steps, batch, seq, optimiz
     if planner_name is not None and budget is None:
         raise click.UsageError("--planner needs --budget")
     notes: list[str] = []
+    if world > 1:
+        _train_world(model, planner_name, budget, plan_path, steps, batch, seq, optimizer, hardware_name,
+                     cpu_kernels, params, seed, threads, world, strategy, as_json, notes)
+        return
+    hardware_name = hardware_name or "a100-40gb-pcie4"
     try:
         report = train(model, planner=planner_name, budget=budget, plan=plan_path, steps=steps, batch=batch, seq=seq,
                        hardware=hardware_name, optimizer=optimizer, gpu_kernels=not cpu_kernels, seed=seed,
@@ -134,4 +149,33 @@ def train_cmd(model, planner_name, budget, plan_path, steps, batch, seq, optimiz
     ok = report["bit_equal"] and report["peak_bytes"] <= report["budget_bytes"] and \
         report["actions_applied"] == report["actions_total"]
     if not ok:
+        raise click.exceptions.Exit(1)
+
+
+def _train_world(model, planner_name, budget, plan_path, steps, batch, seq, optimizer, hardware_name, cpu_kernels,
+                 params, seed, threads, world, strategy, as_json, notes) -> None:
+    """``train --world N``: run, print, exit 1 on a failed check (its one line)."""
+    from runtime import PlanRefused, RuntimeFailure
+    from runtime.distributed import train_distributed
+
+    if strategy is None:
+        raise click.UsageError("--world N > 1 needs --strategy (ddp, zero1, zero2 or zero3)")
+    if steps != 1:
+        raise click.UsageError("--world N > 1 runs one step (--steps 1)")
+    try:
+        report = train_distributed(model, world=world, strategy=strategy, planner=planner_name, budget=budget,
+                                   plan=plan_path, batch=batch, seq=seq, hardware=hardware_name, optimizer=optimizer,
+                                   gpu_kernels=not cpu_kernels, seed=seed, params=parse_params(params),
+                                   threads=threads, notes=notes)
+    except (PlanRefused, RuntimeFailure) as exc:
+        click.echo(one_line(str(exc)), err=True)
+        raise click.exceptions.Exit(1)
+    for note in notes:
+        print_note(note)
+    if as_json:
+        echo_json(report)
+    else:
+        print_train_world(report)
+    if not report["ok"]:
+        click.echo("train --world: " + one_line(report["failures"][0]), err=True)
         raise click.exceptions.Exit(1)

@@ -147,6 +147,22 @@ def print_train(r: dict) -> None:
                f"{secs['planned']:.3f}, unplanned {unplanned}, reference {secs['reference']:.3f}")
 
 
+def print_train_world(r: dict) -> None:
+    """``train --world N``: the checks in three lines, then a line per rank."""
+    state = "ok" if r["ok"] else "FAILED: " + r["failures"][0]
+    click.echo(f"train {r['model']} ({r['profile']}), {r['world']} ranks {r['strategy']}, {r['planner']} plan on "
+               f"{r['hardware']}: {state}")
+    click.echo(f"  parameters and optimizer state: {r['bit_equal_tensors']}/{r['tensors']} bit-equal to one process "
+               f"over the {r['world']} batches, largest difference {r['max_abs_difference']:.3g} (rtol "
+               f"{r['tolerance']['rtol']:g}, atol {r['tolerance']['atol']:g})")
+    click.echo(f"  {len(r['collectives'])} collectives per rank as the graph's; reduce-scatter: {r['reduce_scatter']}")
+    for rank in r["ranks"]:
+        click.echo(f"  rank {rank['rank']}: peak {format_bytes(rank['peak_bytes'])} of budget "
+                   f"{format_bytes(r['budget_bytes'])} (simulated {format_bytes(r['simulated_peak_bytes'])}), "
+                   f"loss {rank['loss']:.6g}, actions {rank['actions_applied']}/{r['actions_total']}, "
+                   f"{rank['seconds']:.3f} s")
+
+
 def print_comparison(rows: list[dict]) -> None:
     """Per (profile, machine): overhead by planner and budget, the best per budget marked."""
     from compare.grid import bound_text, budget_label, cell_text, gap_text, grids
