@@ -380,7 +380,7 @@ class PlannedInterpreter:
         for copy in self.rplan.waits.get(k, ()):
             if copy.index not in self.ended:
                 raise RuntimeFailure(f"{name} starts before the {copy.describe()} has ended")
-        touched = op.inputs if recomputed is not None else op.inputs + op.updates
+        touched = op.inputs + op.updates if recomputed is None else seq.reads.get(k, op.inputs)   # R60: its reads
         for tid in touched:
             if tid not in self.gpu or tid in self.incoming:
                 state = "still arriving" if tid in self.incoming else "not on the GPU"
@@ -394,7 +394,7 @@ class PlannedInterpreter:
             self._measure_temporaries(name)
             return
         binding = self.bindings.ops[op.id]
-        self._before_op(op)
+        self._before_op(op, k)
         if recomputed is None:
             for tid in op.updates:   # R16: host and SSD copies go stale
                 self.valid["host"].discard(tid)
@@ -405,16 +405,16 @@ class PlannedInterpreter:
         else:
             self._recompute(recomputed, binding, name)
             self.applied += 1
-        self._after_op(op)
+        self._after_op(op, k)
         self._measure_temporaries(name)
 
     # hooks for one rank of a data-parallel run (runtime/rank.py)
 
-    def _before_op(self, op) -> None:
-        """Before op's nodes run (or its recompute): nothing on one GPU."""
+    def _before_op(self, op, k: int) -> None:
+        """Before op's nodes run (or its recompute, item ``k``): nothing on one GPU."""
 
-    def _after_op(self, op) -> None:
-        """After op's nodes ran: nothing on one GPU."""
+    def _after_op(self, op, k: int) -> None:
+        """After op's nodes ran (item ``k``): nothing on one GPU."""
 
     def _run_collective(self, op, name: str) -> None:
         raise RuntimeFailure(f"{name} is a collective ({op.collective.kind}): run a rank's profile with "

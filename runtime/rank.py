@@ -140,11 +140,16 @@ class RankInterpreter(PlannedInterpreter):
             for user in self.lazy_users.get(node, ()):
                 self.env.pop(user, None)
 
-    def _before_op(self, op) -> None:
-        rmap = self.rmap
+    def _reread(self, op, k: int) -> dict[str, str]:
+        """R60: the gathered copies a re-run (item ``k``) reads instead of its op's."""
+        reads = self.rplan.seq.reads.get(k)
+        return {} if reads is None else {x: y for x, y in zip(op.inputs, reads) if x != y}
+
+    def _before_op(self, op, k: int) -> None:
+        rmap, twin = self.rmap, self._reread(op, k)
         for u, r in rmap.subs.get(op.id, ()):
             if rmap.tensors[r].form == FULL and r not in rmap.slices.get(op.id, ()):
-                self._feed(u, self._typed_value(r))
+                self._feed(u, self._typed_value(twin.get(r, r)))
         for node, r, sliced in self._shard_targets(op.id):
             if not sliced:
                 self._put(node, self._flat(r))
@@ -156,7 +161,7 @@ class RankInterpreter(PlannedInterpreter):
                 self.staging_peak = max(self.staging_peak, piece.nbytes)
             self._put(node, piece)
 
-    def _after_op(self, op) -> None:
+    def _after_op(self, op, k: int) -> None:
         for piece, back, valid in self.staged:
             back.copy_(piece[:valid])
         self.staged = []
@@ -164,10 +169,11 @@ class RankInterpreter(PlannedInterpreter):
             self.env.pop(node, None)
             for user in self.lazy_users.get(node, ()):
                 self.env.pop(user, None)
+        twin = self._reread(op, k)
         for u, r in self.rmap.subs.get(op.id, ()):
             b = self.one_gpu.tensors[u]
             if b.node.op == "placeholder" and self.rmap.tensors[r].form == FULL:
-                self._feed(u, self._typed_value(r))
+                self._feed(u, self._typed_value(twin.get(r, r)))
 
     # ------------------------------------------------------------------ collectives
 
@@ -193,6 +199,7 @@ class RankInterpreter(PlannedInterpreter):
         return flat
 
     def _run_collective(self, op, name: str) -> None:
+        """R56: the collective as a real torch.distributed call, logged."""
         import torch
         if self.comm is None:
             raise RuntimeFailure(f"{name} is a collective and this rank has no communicator")

@@ -182,3 +182,41 @@ def test_the_bound_knows_the_collectives():
     bound = lower_bound(profile, _hw(), 10**6)
     assert bound.value_us == pytest.approx(153.0)
     assert _run(profile).iteration_us >= bound.value_us
+
+
+def _unit_profile():
+    """One zero3 unit over 4: gathered for forward (wf1) and again for backward (wf2);
+    f reads x and wf1 and makes y (40 B), b reads y and wf2."""
+    gather = {"kind": "all_gather", "world": 4, "bytes": 400}
+    return profile_from_dict({
+        "format": "swapplan-profile/1", "name": "unit",
+        "tensors": [{"id": "w", "bytes": 100, "kind": "weight"}, {"id": "x", "bytes": 10, "kind": "input"},
+                    {"id": "wf1", "bytes": 400, "kind": "other"}, {"id": "y", "bytes": 40, "kind": "activation"},
+                    {"id": "z", "bytes": 1, "kind": "activation"},
+                    {"id": "wf2", "bytes": 400, "kind": "other"}, {"id": "g", "bytes": 10, "kind": "gradient"}],
+        "ops": [{"id": "agf", "name": "all_gather", "phase": "forward", "time_us": 0, "inputs": ["w"],
+                 "outputs": ["wf1"], "collective": gather},
+                {"id": "f", "name": "mm", "phase": "forward", "time_us": 10, "inputs": ["x", "wf1"], "outputs": ["y"]},
+                {"id": "mid", "name": "k", "phase": "forward", "time_us": 10, "inputs": ["x"], "outputs": ["z"]},
+                {"id": "agb", "name": "all_gather", "phase": "backward", "time_us": 0, "inputs": ["w"],
+                 "outputs": ["wf2"], "collective": gather},
+                {"id": "b", "name": "mm_backward", "phase": "backward", "time_us": 20,
+                 "inputs": ["y", "z", "wf2"], "outputs": ["g"]}]})
+
+
+def test_r60_a_recompute_reads_the_parameters_its_units_backward_gathered():
+    profile = _unit_profile()
+    assert profile.gather_twins["wf1"] == ((0, "wf1"), (3, "wf2"))
+    plan = Plan(profile_name=profile.name, actions=(Action("drop", "y", after="f"),
+                                                    Action("recompute", "y", before="b")))
+    r = _run(profile, plan=plan)
+    assert r.ok, r.reason
+    # wf1 dies after f (no recompute reads it); the backward gather holds w + x + z + wf2 = 511,
+    # the recompute of y adds 40 and b's g 10: the peak is 561 B at b, where reading wf1 again
+    # would have kept it to the recompute (961 B)
+    assert r.peak_bytes == 100 + 10 + 1 + 400 + 40 + 10
+    seq_reads = Simulator(profile, _hw()).compiled.default_sequence.reads
+    assert seq_reads == {}                      # no recompute in the profile's own sequence
+    from simulator.model.recompute import recompute_reads
+    assert recompute_reads(profile, 1, 4) == ("x", "wf2")    # before b: the backward's copy
+    assert recompute_reads(profile, 1, 2) == ("x", "wf1")    # before mid: only the forward's exists

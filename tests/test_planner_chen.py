@@ -53,14 +53,20 @@ def test_lazy_recomputes_each_tensor_just_before_it_is_needed():
     index = profile.op_index
     at = {a.tensor: index[a.before] for a in lazy if a.kind == "recompute"}
     assert set(at) == {a.tensor for a in eager if a.kind == "recompute"}
-    first_backward = {t: min(u for u in profile.consumers[t] if profile.ops[u].phase != "forward") for t in at}
+    # a tensor only the forward reads is re-made for a reader's re-run, before that reader
+    first_backward = {t: min((u for u in profile.consumers[t] if profile.ops[u].phase != "forward"),
+                             default=len(profile.ops)) for t in at}
     assert all(at[t] <= first_backward[t] for t in at)
     assert any(at[t] == first_backward[t] for t in at)
     assert len(set(at.values())) > len({index[a.before] for a in eager if a.kind == "recompute"})
     runs = [make_plan(profile, hw, profile.peak_bytes, "chen", {"segments": "4", "lazy": lazy})
             for lazy in ("false", "true")]
     assert all(run.result.ok for run in runs)
-    assert runs[1].result.peak_bytes < runs[0].result.peak_bytes   # recomputed tensors live shorter
+    # recomputed tensors live shorter: each comes back no earlier than with the eager re-forward,
+    # some later, and the peak is no higher
+    eager_at = {a.tensor: index[a.before] for a in eager if a.kind == "recompute"}
+    assert all(at[t] >= eager_at[t] for t in at) and any(at[t] > eager_at[t] for t in at)
+    assert runs[1].result.peak_bytes <= runs[0].result.peak_bytes
 
 
 def test_a_source_updated_in_place_before_the_producer_read_it_does_not_stop_a_recompute():

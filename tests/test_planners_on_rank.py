@@ -14,7 +14,7 @@ from simulator.errors import InfeasibleError
 from simulator.hardware import load_hardware
 
 HW = load_hardware("a100-80gb-sxm-x8")
-QUICK = RunOptions(seed=0, time_limit=3.0, threads=1)
+QUICK = RunOptions(seed=0, time_limit=1.0, threads=1)
 # the planners that search, at a short limit, run on one strategy each (their own tests
 # cover their searches); the others on both
 SEARCHING = {spec.name for spec in planners() if spec.searches}

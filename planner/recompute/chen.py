@@ -11,9 +11,11 @@ segments of a network of n ops the peak holds k checkpoints and one segment's
 activations: k = sqrt(n) gives the paper's O(sqrt(n)) memory for one extra forward pass.
 
 ``segments`` = 0 (default) is the budgeted variant: segment counts from 2 to n/2 (the
-paper's sqrt(n) among them) are tried and the fastest plan the simulator runs within the
-budget is kept (the paper picks the segment memory budget by search too); a positive
-``segments`` uses exactly that many.
+paper's sqrt(n) among them) are tried, each with segments of equal op counts and of
+equal bytes made (the paper's memory-budgeted segmentation closes a segment once its
+memory passes the budget), and the fastest plan the simulator runs within the budget is
+kept (the paper picks the segment memory budget by search too); a positive ``segments``
+uses exactly that many, of equal op counts.
 
 Departure: ``lazy`` recomputes each dropped tensor just before the first backward op that
 reads it (or the recompute of a tensor made from it, if that comes first) instead of
@@ -60,12 +62,14 @@ def plan_chen(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, segme
     sim = simulator_for(profile, hardware, options)
     best = None
     for count in counts:
-        for late in (False, True):
-            actions, notes = chen_actions(profile, count, late)
-            result = score(sim, budget_bytes, actions)
-            key = (not result.ok, result.iteration_us if result.ok else -result.progress, late, count)
-            if best is None or key < best[0]:
-                best = (key, actions, notes)
+        for balance in ("ops", "bytes"):
+            for late in (False, True):
+                actions, notes = chen_actions(profile, count, late, balance)
+                result = score(sim, budget_bytes, actions)
+                key = (not result.ok, result.iteration_us if result.ok else -result.progress, late, balance != "ops",
+                       count)
+                if best is None or key < best[0]:
+                    best = (key, actions, notes)
     _, actions, notes = best
     notes["searched_segment_counts"] = len(counts)
     return Draft(actions=actions, notes=notes)

@@ -440,7 +440,7 @@ class _Compiler:
                 continue
             if recomputed is not None:
                 self.check_recompute(k, recomputed, op)
-            for tid in op.inputs:
+            for tid in seq.reads.get(k, op.inputs) if seq.reads else op.inputs:   # R60: a re-run's reads
                 if tid in planned:
                     st = state[tid]
                     if st is LEAVING:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..model.recompute import recompute_scratch
+from ..model.recompute import recompute_reads, recompute_scratch
 from ..profile import Profile
 
 
@@ -47,6 +47,7 @@ class Sequence:
     op_item: dict[str, int]              # op id -> its own item
     recompute_items: dict[str, list[int]]
     codec: dict[int, CodecItem] = field(default_factory=dict)   # item -> what a codec item does
+    reads: dict[int, tuple[str, ...]] = field(default_factory=dict)   # recompute item -> what it reads (R60)
     uvm: object = None   # its UVM touches (simulator/compile/uvm.py ``UvmTouches``), made by the first UVM
                          # compile on it: the default sequence is shared by every plan without a schedule
 
@@ -77,6 +78,7 @@ def build_sequence(profile: Profile, op_ps, order: list[str], recomputes: dict[s
     tensors = profile.tensor_by_id
     seq = Sequence([], [], [], [], [], [], [], [], {}, {}, {}, {})
     decodes, encodes, workspace = decodes or {}, encodes or {}, workspace or {}
+    position = {op_id: k for k, op_id in enumerate(order)} if profile.gather_twins else None
     for op_id in order:
         seq.group_start[op_id] = len(seq.op_index)
         index = profile.op_index[op_id]
@@ -88,7 +90,12 @@ def build_sequence(profile: Profile, op_ps, order: list[str], recomputes: dict[s
             seq.recompute_items.setdefault(tid, []).append(len(seq.op_index))
             scratch = recompute_scratch(profile, tid, workspace.get(producer, op.workspace_bytes))
             _append(seq, producer, tid, op_id, (tid,), scratch, tensors[tid].bytes, op_ps[producer])
-            for read in dict.fromkeys(op.inputs):
+            reads = op.inputs
+            if position is not None:     # R60: gathered copies as gathered last before op_id
+                reads = recompute_reads(profile, producer, position[op_id], position)
+                if reads != op.inputs:
+                    seq.reads[len(seq.op_index) - 1] = reads
+            for read in dict.fromkeys(reads):
                 seq.uses.setdefault(read, []).append(len(seq.op_index) - 1)
         op = profile.ops[index]
         allocs = tuple(dict.fromkeys(op.outputs))

@@ -63,3 +63,26 @@ def recompute_scratch(profile: Profile, tid: str, workspace: int | None = None) 
     if workspace is None:
         workspace = profile.ops[profile.producer[tid]].workspace_bytes
     return workspace + profile.rerun_extra_bytes(tid)
+
+
+def recompute_reads(profile: Profile, producer: int, before: int, position=None) -> tuple[str, ...]:
+    """R15, R60: what a re-run of op ``producer`` just before the op at ``before`` reads:
+    its inputs, each gathered copy (an all-gather's output, R56) read as the same output
+    of the latest all-gather of the same shards before ``before`` (a data-parallel rank's
+    checkpointing re-runs a unit's forward on the parameters its backward gathered).
+    Positions are op positions, or ``position[op id]`` in a reordered schedule."""
+    inputs = profile.ops[producer].inputs
+    twins = profile.gather_twins
+    if not twins:
+        return inputs
+    ops = profile.ops
+    reads = []
+    for tid in inputs:
+        chain = twins.get(tid)
+        if chain:
+            at = [(i if position is None else position[ops[i].id], twin) for i, twin in chain]
+            earlier = [(pos, twin) for pos, twin in at if pos < before]
+            if earlier:
+                tid = max(earlier)[1]
+        reads.append(tid)
+    return tuple(reads)

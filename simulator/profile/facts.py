@@ -77,6 +77,25 @@ class Profile:
         return dict(zip(self._uses[0], self._uses[4]))
 
     @cached_property
+    def gather_twins(self) -> dict[str, tuple[tuple[int, str], ...]]:
+        """R60: each output of an all-gather (R56) that another all-gather of the same
+        inputs makes again -> every such output at its place, as (op position, tensor id)
+        in op order: copies of the same values (a unit's parameters gathered for its
+        forward, then for its backward)."""
+        groups: dict[tuple, list[int]] = {}
+        for i, op in enumerate(self.ops):
+            if op.collective is not None and op.collective.kind == "all_gather" and op.outputs:
+                groups.setdefault((op.inputs, len(op.outputs)), []).append(i)
+        twins: dict[str, tuple[tuple[int, str], ...]] = {}
+        for positions in groups.values():
+            if len(positions) > 1:
+                for j in range(len(self.ops[positions[0]].outputs)):
+                    chain = tuple((i, self.ops[i].outputs[j]) for i in positions)
+                    for _, tid in chain:
+                        twins[tid] = chain
+        return twins
+
+    @cached_property
     def sha256(self) -> str:
         """Hex sha256 of the canonical JSON (``profile_sha256``), computed on first use."""
         return hashlib.sha256(canonical_json(self).encode("utf-8")).hexdigest()
