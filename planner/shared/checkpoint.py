@@ -41,16 +41,17 @@ def segment_of(profile: Profile, segments: int, balance: str = "ops") -> dict[in
     return {i: k // size for k, i in enumerate(forward)}
 
 
-def droppable(profile: Profile, segment: dict[int, int]) -> dict[str, int]:
+def droppable(profile: Profile, segment: dict[int, int], sources: bool = False) -> dict[str, int]:
     """Tensor -> its segment, for every tensor the plan may drop and recompute: made by a
     forward op, read again only after the forward pass of its segment (by a later
     segment's first op at the earliest it is a checkpoint and is kept), recomputable
     under R15, and whose producer's inputs are persistent, kept, or dropped in the same
-    segment (to a fixed point)."""
+    segment (to a fixed point). With ``sources``, also the tensors only the forward reads
+    that such a tensor's re-run reads (Chen's re-forward of the segment makes them again)."""
     tensors = profile.tensor_by_id
     last_forward = max(segment) if segment else -1
     found: dict[str, int] = {}
-    sources: set[str] = set()      # read in forward only: re-made only for a dropped reader (the re-forward)
+    only_forward: set[str] = set()   # read in forward only: re-made only for a dropped reader (the re-forward)
     for tensor in profile.tensors:
         made_by = profile.producer[tensor.id]
         if tensor.persistent or tensor.bytes == 0 or made_by not in segment:
@@ -61,18 +62,21 @@ def droppable(profile: Profile, segment: dict[int, int]) -> dict[str, int]:
             continue      # read by another segment's forward: a checkpoint
         if recompute_problem(profile, tensor.id) is not None:
             continue      # R15
-        found[tensor.id] = seg
         if not any(u > last_forward for u in uses):
-            sources.add(tensor.id)
+            if not sources:
+                continue      # not kept for backward: freed after its last use anyway
+            only_forward.add(tensor.id)
+        found[tensor.id] = seg
     first = {}             # a segment's first backward read of what it drops: when a source is re-made
     for tid, seg in found.items():
-        if tid not in sources:
+        if tid not in only_forward:
             first[seg] = min(first.get(seg, len(profile.ops)), _first_backward_use(profile, tid, last_forward))
     changed = True
     while changed:
         changed = False
         for tid, seg in list(found.items()):
-            again = first.get(seg, len(profile.ops)) if tid in sources else _first_backward_use(profile, tid, last_forward)
+            again = (first.get(seg, len(profile.ops)) if tid in only_forward
+                     else _first_backward_use(profile, tid, last_forward))
             for src in recompute_reads(profile, profile.producer[tid], again):   # R60: as gathered last
                 if tensors[src].persistent or _regathered(profile, src, again):
                     continue
@@ -89,13 +93,13 @@ def droppable(profile: Profile, segment: dict[int, int]) -> dict[str, int]:
                 continue
             del found[tid]
             changed = True
-    needed, stack = set(), [t for t in found if t not in sources]   # the sources a dropped tensor's re-run reads
+    needed, stack = set(), [t for t in found if t not in only_forward]   # what a dropped tensor's re-run reads
     while stack:
         for src in profile.ops[profile.producer[stack.pop()]].inputs:
-            if src in sources and src in found and src not in needed:
+            if src in only_forward and src in found and src not in needed:
                 needed.add(src)
                 stack.append(src)
-    return {tid: seg for tid, seg in found.items() if tid not in sources or tid in needed}
+    return {tid: seg for tid, seg in found.items() if tid not in only_forward or tid in needed}
 
 
 def _dropped_after(profile: Profile, tid: str, last_forward: int) -> int:
@@ -122,7 +126,7 @@ def chen_actions(profile: Profile, segments: int, lazy: bool = False, balance: s
     of them, or (``lazy``) each one before the first backward op that needs it or a
     recompute that reads it, whichever comes first."""
     segment = segment_of(profile, segments, balance)
-    dropped = droppable(profile, segment)
+    dropped = droppable(profile, segment, sources=True)
     actions = recompute_plan(profile, dropped, lazy)
     recomputed = [a for a in actions if a.kind == "recompute"]
     notes = {"segments": segments, "lazy": lazy, "balance": balance, "dropped_tensors": len(recomputed),
