@@ -129,6 +129,16 @@ class Uvm:
     - ``fault_latency_us`` 45: the cost of servicing one batch before its transfer
       (UVMSmart's default of 66,645 cycles at 1.48 GHz; G10's artifact, system_latency_us 45).
 
+    Three costs of demand paging measured on a real GPU (G10's A100 kernels, issue 52;
+    docs/simulation.md R31 gives the sources), all off by default so that every number
+    written before them keeps its value, set in the presets:
+
+    - ``fault_gbps`` (None: the link): the rate at which a fault batch's pages copy;
+      demand paging copies far below the link's rate;
+    - ``kernel_fault_us`` (0): once per item whose faults migrate pages, before its first batch;
+    - ``first_touch_us`` (0): per batch of first-touch faults (an item's new outputs and
+      workspace, zero-filled on the GPU, nothing copied), added to the item's time.
+
     ``legacy_batch_blocks`` is set when a file gives ``fault_batch_blocks`` (the first
     UVM model's knob, still read): then a page and a big page are one block, and a batch
     serves that many blocks, which is exactly the first model (docs/simulation.md R31).
@@ -147,6 +157,9 @@ class Uvm:
     fault_batch_faults: int = 256
     prefetch_threshold: int = 51
     caching_allocator: bool = False
+    fault_gbps: float | None = 3.0
+    kernel_fault_us: float = 680.0
+    first_touch_us: float = 85.0
 
     @property
     def fault_batch_blocks(self) -> int:
@@ -168,6 +181,9 @@ class Uvm:
                        prefetch_threshold=self.prefetch_threshold)
         if self.caching_allocator:
             out["caching_allocator"] = True
+        for key in ("fault_gbps", "kernel_fault_us", "first_touch_us"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
         return out
 
 
@@ -175,7 +191,7 @@ DRIVER_UVM = Uvm()   # a ``uvm`` section's defaults: the driver's fault model
 # No ``uvm`` section at all: the first model (R31 with fault_batch_blocks 1: a fault
 # brings its whole block, one block per batch), so files written for it keep their numbers.
 DEFAULT_UVM = Uvm(legacy_batch_blocks=1, page_bytes=DRIVER_UVM.block_bytes, big_page_bytes=DRIVER_UVM.block_bytes,
-                  fault_batch_faults=1, prefetch_threshold=100)
+                  fault_batch_faults=1, prefetch_threshold=100, fault_gbps=None, kernel_fault_us=0.0, first_touch_us=0.0)
 
 
 @dataclass(frozen=True)
@@ -367,7 +383,8 @@ def _uvm_from(uvm_r: Reader, file: str, has_ssd: bool, host_bytes: int) -> Uvm:
     big page are one block, a batch serves that many blocks; it cannot be combined with
     ``page``, ``big_page``, ``fault_batch_faults`` or ``prefetch_threshold``."""
     uvm_r.reject_unknown({"block", "fault_latency_us", "fault_batch_blocks", "backing", "host_cache", "page",
-                          "big_page", "fault_batch_faults", "prefetch_threshold", "caching_allocator"})
+                          "big_page", "fault_batch_faults", "prefetch_threshold", "caching_allocator", "fault_gbps",
+                          "kernel_fault_us", "first_touch_us"})
     block = parse_size(uvm_r.get("block", DEFAULT_UVM.block_bytes), uvm_r.path("block"), file)
     if block <= 0:
         raise uvm_r.error("block", "must be > 0")
@@ -383,7 +400,8 @@ def _uvm_from(uvm_r: Reader, file: str, has_ssd: bool, host_bytes: int) -> Uvm:
     faults, threshold = DRIVER_UVM.fault_batch_faults, DRIVER_UVM.prefetch_threshold
     if uvm_r.get("fault_batch_blocks", None) is not None:
         legacy = integer("fault_batch_blocks", 1, 1, 1_000_000)
-        for key in ("page", "big_page", "fault_batch_faults", "prefetch_threshold"):
+        for key in ("page", "big_page", "fault_batch_faults", "prefetch_threshold", "fault_gbps", "kernel_fault_us",
+                    "first_touch_us"):
             if uvm_r.get(key, None) is not None:
                 raise uvm_r.error(key, "cannot be combined with fault_batch_blocks (the first UVM model: a batch "
                                        "of whole blocks); use fault_batch_faults")
@@ -401,6 +419,12 @@ def _uvm_from(uvm_r: Reader, file: str, has_ssd: bool, host_bytes: int) -> Uvm:
             raise uvm_r.error("block", f"must be a multiple of the page ({page} bytes), at most 10^6 pages")
         faults = integer("fault_batch_faults", faults, 1, 1_000_000)
         threshold = integer("prefetch_threshold", threshold, 0, 100)
+    if legacy is None:
+        fault_gbps = uvm_r.number("fault_gbps", default=DRIVER_UVM.fault_gbps, positive=True)
+        kernel_fault = uvm_r.number("kernel_fault_us", default=DRIVER_UVM.kernel_fault_us)
+        first_touch = uvm_r.number("first_touch_us", default=DRIVER_UVM.first_touch_us)
+    else:
+        fault_gbps, kernel_fault, first_touch = None, 0.0, 0.0
     caching = uvm_r.get("caching_allocator", False)
     if not isinstance(caching, bool):
         raise uvm_r.error("caching_allocator", f"expected true or false, got {caching!r}")
@@ -418,7 +442,8 @@ def _uvm_from(uvm_r: Reader, file: str, has_ssd: bool, host_bytes: int) -> Uvm:
                                                                  default=DEFAULT_UVM.fault_latency_us),
                legacy_batch_blocks=legacy, backing=backing, host_cache_bytes=cache_bytes, page_bytes=page,
                big_page_bytes=big, fault_batch_faults=faults, prefetch_threshold=threshold,
-               caching_allocator=caching)
+               caching_allocator=caching, fault_gbps=fault_gbps, kernel_fault_us=kernel_fault,
+               first_touch_us=first_touch)
 
 
 def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:
@@ -426,9 +451,12 @@ def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:
     bandwidths above 0 (at least 1 byte/s once rounded to bytes per second, R3) and at
     most 10^6 GB/s. InputError naming the field otherwise."""
     sizes = [("gpu.memory", hardware.gpu.memory_bytes), ("host.memory", hardware.host.memory_bytes)]
-    latencies = [("pcie.latency_us", hardware.pcie.latency_us), ("uvm.fault_latency_us", hardware.uvm.fault_latency_us)]
+    latencies = [("pcie.latency_us", hardware.pcie.latency_us), ("uvm.fault_latency_us", hardware.uvm.fault_latency_us),
+                 ("uvm.kernel_fault_us", hardware.uvm.kernel_fault_us), ("uvm.first_touch_us", hardware.uvm.first_touch_us)]
     rates = [("pcie.h2d_gbps", hardware.pcie.h2d_gbps), ("pcie.d2h_gbps", hardware.pcie.d2h_gbps),
              ("gpu.hbm_gbps", hardware.gpu.hbm_gbps)]
+    if hardware.uvm.fault_gbps:
+        rates.append(("uvm.fault_gbps", hardware.uvm.fault_gbps))
     if hardware.ssd is not None:
         sizes.append(("ssd.capacity", hardware.ssd.capacity_bytes))
         latencies.append(("ssd.latency_us", hardware.ssd.latency_us))

@@ -56,6 +56,9 @@ class UvmMachine:
     batch_faults: int = 1
     threshold: int = 100
     caching: bool = False      # R38: a caching allocator's pool over managed memory
+    fault_down: int = 0        # R31: a fault batch's copy rate (bytes/s; 0: the link's), the
+    kernel_fault_ps: int = 0   # cost once per item that migrates pages, and per batch of
+    first_touch_ps: int = 0    # first-touch faults (new outputs and workspace)
 
 
 def compile_machine(hardware: Hardware) -> Machine:
@@ -70,7 +73,9 @@ def compile_machine(hardware: Hardware) -> Machine:
                              uvm.legacy_batch_blocks if uvm.legacy_batch_blocks is not None else 0, uvm.backing,
                              uvm.host_cache_bytes,
                              us_to_ps(ssd.latency_us) if ssd else 0, uvm.page_bytes, uvm.big_page_bytes,
-                             uvm.fault_batch_faults, uvm.prefetch_threshold, uvm.caching_allocator)
+                             uvm.fault_batch_faults, uvm.prefetch_threshold, uvm.caching_allocator,
+                             round(uvm.fault_gbps * 1e9) if uvm.fault_gbps else 0, us_to_ps(uvm.kernel_fault_us),
+                             us_to_ps(uvm.first_touch_us))
     return Machine(name=hardware.name, gpu_bytes=hardware.gpu.memory_bytes, link_capacity=tuple(capacity),
                    routes=routes, half_duplex=half, has_ssd=ssd is not None, host_bytes=host_bytes,
                    ssd_bytes=ssd_bytes, packed=_pack_machine(half, host_bytes, ssd_bytes, tuple(capacity), routes),

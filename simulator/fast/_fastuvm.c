@@ -111,6 +111,7 @@ typedef struct {
     /* the machine */
     int64_t block, fault_ps, batch_blocks, down, up, lat_in, lat_out, host_capacity, wb_full, in_full;
     int64_t page, big_pages, batch_faults, threshold;  /* R31: the driver's fault model (batch_blocks 0) */
+    int64_t fault_down, kernel_fault_ps, touch_ps;     /* R31: the paging rate, per item, per first-touch batch */
     /* UvmMemory */
     int64_t *nblocks, *tail, *resident, resident_total;
     RunRec *runs; int64_t n_runs, cap_runs;
@@ -597,8 +598,9 @@ static void page_batches(Uvm *u, const Vec *ranges) {
         }
     }
     reserve(u, &u->durations, u->sizes.n);
-    for (int64_t i = 0; i < u->sizes.n; i++) u->durations.v[i] = u->fault_ps + flow_ps(u, u->sizes.v[i], u->down);
+    for (int64_t i = 0; i < u->sizes.n; i++) u->durations.v[i] = u->fault_ps + flow_ps(u, u->sizes.v[i], u->fault_down);
     u->durations.n = u->sizes.n;
+    if (u->sizes.n) u->durations.v[0] = checked(u, u->durations.v[0] + u->kernel_fault_ps);   /* batch_durations */
 }
 
 /* UvmMemory.fault_blocks (no page cache): the fault batches of the ranges (t, first, last)
@@ -1017,7 +1019,12 @@ static void try_compute(Uvm *u) {
     if (u->fault_start < 0 && !decide(u, k)) return;
     if (now < u->fault_start) return;
     int64_t data_wait = u->data_ready_at - u->ready_at, memory_wait = u->decided_at - u->data_ready_at;
-    int64_t fault_wait = now - u->decided_at;
+    /* R31: first_touch_ps: the new outputs' and workspace's first-touch faults */
+    int64_t touch = 0;
+    if (u->touch_ps && u->alloc[k] > 0)
+        touch = checked(u, (((u->alloc[k] + u->page - 1) / u->page + u->batch_faults - 1) / u->batch_faults) * u->touch_ps);
+    int64_t fault_wait = now - u->decided_at + touch;
+    now += touch;
     if (data_wait || memory_wait || fault_wait) {
         u->stall_data += data_wait;
         u->stall_memory += memory_wait;
@@ -1391,7 +1398,7 @@ static int group(Arena *a, int32_t n, const Buf *keys, const Buf *vals, int64_t 
     return 1;
 }
 
-enum { NSEQ = 13, NPROG = 13, NTENSOR = 3, NMACHINE = 12 };
+enum { NSEQ = 13, NPROG = 13, NTENSOR = 3, NMACHINE = 15 };
 
 static int read_inputs(PyObject *seq, PyObject *prog, PyObject *tensors, PyObject *machine, long long budget,
                        Buf *sb, Buf *pb, Buf *tb, Uvm *u, Arena *a) {
@@ -1439,6 +1446,7 @@ static int read_inputs(PyObject *seq, PyObject *prog, PyObject *tensors, PyObjec
     u->block = m[0]; u->fault_ps = m[1]; u->batch_blocks = m[2]; u->down = m[3]; u->up = m[4];
     u->lat_in = m[5]; u->lat_out = m[6]; u->host_capacity = m[7];
     u->page = m[8]; u->big_pages = m[9]; u->batch_faults = m[10]; u->threshold = m[11];
+    u->fault_down = m[12]; u->kernel_fault_ps = m[13]; u->touch_ps = m[14];
     u->budget = budget;
     if (!(values_in(u->time_ps, n, TIME_LIMIT, snames[0]) && values_in(u->workspace, n, TIME_LIMIT, snames[1])
           && values_in(u->alloc, n, TIME_LIMIT, snames[2]) && values_in(u->nbytes, nt, TIME_LIMIT, tnames[0])
@@ -1456,7 +1464,8 @@ static int read_inputs(PyObject *seq, PyObject *prog, PyObject *tensors, PyObjec
           && ints_in(u->start_code, u->n_start, -(int64_t)nt, nx, pnames[10])))
         return 0;
     if (u->block < 1 || u->batch_blocks < 0 || u->page < 1 || u->page > u->block || u->block / u->page > 1000000
-        || u->big_pages < 1 || u->batch_faults < 1 || u->threshold < 0 || u->threshold > 100 || u->down < 1 || u->up < 1 || u->fault_ps < 0 || u->fault_ps > TIME_LIMIT
+        || u->big_pages < 1 || u->batch_faults < 1 || u->threshold < 0 || u->threshold > 100 || u->down < 1 || u->up < 1 || u->fault_down < 1 || u->kernel_fault_ps < 0
+        || u->kernel_fault_ps > TIME_LIMIT || u->touch_ps < 0 || u->touch_ps > TIME_LIMIT || u->fault_ps < 0 || u->fault_ps > TIME_LIMIT
         || u->lat_in < 0 || u->lat_in > TIME_LIMIT || u->lat_out < 0 || u->lat_out > TIME_LIMIT || budget < 0
         || budget > TIME_LIMIT * 2)
         return bad("machine or budget");

@@ -12,7 +12,7 @@ from ..model.links import D2H, H2D, PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD_WRITE
 from ..result import Result, Span
 from ..units import ps_to_us
 from .state import Blocked, RunState, _Infeasible
-from .uvm_memory import UvmMemory, fault_schedule, fault_schedule_half
+from .uvm_memory import UvmMemory, fault_schedule, fault_schedule_half, first_touch_ps
 
 
 def _run_uvm(compiled: CompiledProfile, program: Program, machine: Machine, budget: int, record: bool,
@@ -64,6 +64,8 @@ class _UvmRun(RunState):
         self.decided_at: int | None = None   # the head item's room was decided then ...
         self.fault_start: int | None = None  # ... and it starts then
         self.stall_fault = 0
+        self.touch_batch_ps = machine.uvm.first_touch_ps   # R31: a batch of first-touch faults
+        self.first_touch = 0                               # the head item's first-touch time
         self.head_pinned = False
         self.n_items = len(self.seq)
         self.instant_ends = False            # a hint ended as it started: compute and transfers try again
@@ -129,7 +131,9 @@ class _UvmRun(RunState):
             return
         data_wait = self.data_ready_at - self.ready_at
         memory_wait = self.decided_at - self.data_ready_at
-        fault_wait = now - self.decided_at
+        touch = self.first_touch     # R31: its new outputs' and workspace's first-touch faults
+        fault_wait = now - self.decided_at + touch
+        now += touch
         if data_wait or memory_wait or fault_wait:
             self.stall_data += data_wait
             self.stall_memory += memory_wait
@@ -165,6 +169,7 @@ class _UvmRun(RunState):
                 mem.commit(held - taken, now)
                 self.pool_fault = mem.reuse_backing(out - held)
                 self.pool_alloc -= held + self.pool_fault
+            self.first_touch = first_touch_ps(self.pool_alloc, mem.page, mem.batch_faults, self.touch_batch_ps)
         ranges = []
         fault_bytes = 0
         resident, nbytes = mem.resident, mem.nbytes

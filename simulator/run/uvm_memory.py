@@ -167,6 +167,8 @@ class UvmMemory:
         self.big_pages = max(1, (uvm.big_page if uvm.big_page else self.page) // self.page)
         self.batch_faults = uvm.batch_faults if uvm.page else max(1, uvm.batch_blocks)
         self.threshold = uvm.threshold if uvm.page else 100
+        self.fault_down = min(down, uvm.fault_down) if uvm.fault_down else down   # R31: the paging rate
+        self.kernel_fault_ps = uvm.kernel_fault_ps
         self.block_batch: list[int] = []             # fault_blocks: per block faulted, its last batch
         self._wb_full = -(-block * PS_PER_S // up)
         self._in_full = self.fault_ps + -(-block * PS_PER_S // down)
@@ -535,36 +537,16 @@ class UvmMemory:
                     durations.extend([full] * (last - first))
             return sizes, durations
         sizes = self._batches(ranges)[0]
-        latency, down = self.fault_ps, self.down
-        return sizes, [latency + -(-size * PS_PER_S // down) for size in sizes]
+        return sizes, batch_durations(sizes, self.fault_ps, self.fault_down, self.kernel_fault_ps)
 
     def _batches(self, ranges) -> tuple[list[int], list[list[int]]]:
         """R31: the fault batches of the blocks of ``ranges`` (tensor, first, last), which
-        the item touches in this order, every page once: per batch the bytes it migrates,
-        and per block the batches that migrate part of it (its last one is when it has
-        arrived, kept in ``block_batch``). Each block is walked by ``block_train``."""
-        page, big, faults, threshold = self.page, self.big_pages, self.batch_faults, self.threshold
-        block = self.block
-        sizes: list[int] = []
-        parts: list[list[int]] = []
-        r = 0
-        for t, first, last in ranges:
-            nblocks, tail = self.nblocks[t], self.tail[t]
-            for b in range(first, last):
-                size = tail if b == nblocks - 1 else block
-                steps, r = block_train(-(-size // page), big, faults, threshold, r)
-                at = 0
-                mine: list[int] = []
-                for new, end in steps:
-                    nbytes = min(end * page, size) - min(at * page, size)
-                    if new:
-                        sizes.append(nbytes)
-                    else:
-                        sizes[-1] += nbytes
-                    if not mine or mine[-1] != len(sizes) - 1:
-                        mine.append(len(sizes) - 1)
-                    at = end
-                parts.append(mine)
+        the item touches in this order (``batch_train``); keeps per block its last batch
+        (when it has arrived) in ``block_batch``."""
+        nblocks, tail, block = self.nblocks, self.tail, self.block
+        sizes, parts = batch_train([tail[t] if b == nblocks[t] - 1 else block
+                                    for t, first, last in ranges for b in range(first, last)],
+                                   self.page, self.big_pages, self.batch_faults, self.threshold)
         self.block_batch = [mine[-1] for mine in parts]
         return sizes, parts
 
@@ -585,10 +567,12 @@ class UvmMemory:
         durations = []
         for size, all_cached in zip(sizes, hit):
             if all_cached:
-                durations.append(self.fault_ps + -(-size * PS_PER_S // self.down))
+                durations.append(self.fault_ps + -(-size * PS_PER_S // self.fault_down))
             else:
                 self.ssd_read_bytes += size
                 durations.append(self.fault_ps + self.ssd_read_latency + -(-size * PS_PER_S // self.ssd_in))
+        if durations:
+            durations[0] += self.kernel_fault_ps
         return sizes, durations
 
     def writeback_ends(self, base: int, now: int, writes, durations) -> list[int]:
@@ -619,6 +603,49 @@ class UvmMemory:
             else:
                 total += n * full
         return count, total
+
+
+def batch_durations(sizes, latency_ps: int, rate: int, kernel_fault_ps: int = 0) -> list[int]:
+    """R31: each fault batch's duration, its latency and its bytes at the paging rate
+    (``rate`` bytes/s: the link's, or the slower ``fault_gbps``); the item's first batch
+    also pays ``kernel_fault_ps``, once per item that migrates pages."""
+    durations = [latency_ps + -(-size * PS_PER_S // rate) for size in sizes]
+    if durations:
+        durations[0] += kernel_fault_ps
+    return durations
+
+
+def first_touch_ps(nbytes: int, page: int, batch_faults: int, per_batch_ps: int) -> int:
+    """R31: the time an item's first-touch faults take (``nbytes`` of new outputs and
+    workspace, zero-filled on the GPU, nothing copied): one fault per ``page``, serviced
+    ``batch_faults`` to a batch, ``per_batch_ps`` each."""
+    if nbytes <= 0 or not per_batch_ps:
+        return 0
+    return -(-(-(-nbytes // page)) // batch_faults) * per_batch_ps
+
+
+def batch_train(blocks, page: int, big: int, faults: int, threshold: int) -> tuple[list[int], list[list[int]]]:
+    """R31: the fault batches of ``blocks`` (each block's bytes, in the order the item
+    touches them, every page once, none on the GPU): per batch the bytes it migrates, and
+    per block the batches that migrate part of it. Each block is walked by ``block_train``."""
+    sizes: list[int] = []
+    parts: list[list[int]] = []
+    r = 0
+    for size in blocks:
+        steps, r = block_train(-(-size // page), big, faults, threshold, r)
+        at = 0
+        mine: list[int] = []
+        for new, end in steps:
+            nbytes = min(end * page, size) - min(at * page, size)
+            if new:
+                sizes.append(nbytes)
+            else:
+                sizes[-1] += nbytes
+            if not mine or mine[-1] != len(sizes) - 1:
+                mine.append(len(sizes) - 1)
+            at = end
+        parts.append(mine)
+    return sizes, parts
 
 
 @lru_cache(maxsize=65536)

@@ -1,0 +1,98 @@
+"""R31 at a kernel's scale (issue 52): one kernel, hand-computed, per case of G10's
+measurements (its inputs fault; its outputs are first touches; both), on the engine (the
+C path and the Python reference agree) and through benchmarks/uvm_kernels.py's replay.
+
+The machine: PCIe 1 byte per microsecond each way, no PCIe latency; managed memory of
+64-byte blocks, 4-byte pages, 8-byte big pages, 16 faults a batch (a whole block), a
+5 us batch latency; demand paging copies at 0.5 byte/us (``fault_gbps`` 0.0005, below
+the link), an item that migrates pages pays 100 us once, and a batch of first-touch
+faults 7 us. Every kernel runs 10 us.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulator.compile.compiled import compile_machine
+from simulator.hardware import hardware_from_dict
+from simulator.plan import drop
+from tests.conftest import make_profile
+from tests.test_fastuvm import same
+from tests.test_uvm import uvm_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from uvm_kernels import Kernel, predict  # noqa: E402
+
+
+def machine():
+    return hardware_from_dict({
+        "name": "uvm-kernel-test", "gpu": {"memory": "1GiB", "fp32_tflops": 1, "fp16_tflops": 1, "hbm_gbps": 1},
+        "pcie": {"h2d_gbps": 0.001, "d2h_gbps": 0.001, "duplex": "full", "latency_us": 0},
+        "host": {"memory": "1GiB"},
+        "uvm": {"block": 64, "page": 4, "big_page": 8, "fault_batch_faults": 16, "fault_latency_us": 5,
+                "fault_gbps": 0.0005, "kernel_fault_us": 100, "first_touch_us": 7}})
+
+
+def kernel(reads: dict, makes: dict, workspace: int = 0):
+    """One kernel k1 reading ``reads`` (weights in host memory, dropped after it so that
+    every iteration faults them again, R36) and making ``makes``."""
+    tensors = {**{t: (n, "weight") for t, n in reads.items()}, **{t: (n, "activation") for t, n in makes.items()}}
+    p = make_profile(tensors, [("k1", "forward", 10.0, list(reads), list(makes), None, workspace)], "kernel")
+    plan = uvm_plan(p, *(drop(t, after="k1") for t in reads), initial={t: "host" for t in reads},
+                    read_mostly=tuple(reads))
+    return same(p, plan, machine(), 10_000)
+
+
+def test_all_inputs_fault():
+    # w: 128 B, two blocks of 16 pages; each block is one batch of 16 faults (the whole
+    # block, 64 B): 5 + 64 / 0.5 = 133 us each, the first also pays the item's 100 us:
+    # 133 + 133 + 100 = 366 us; k1 runs 366-376.
+    r = kernel({"w": 128}, {})
+    assert r.iteration_us == pytest.approx(376.0)
+    assert (r.faults, r.fault_bytes) == (2, 128)
+    assert r.stall_fault_us == pytest.approx(366.0)
+
+
+def test_outputs_are_first_touches():
+    # y: 100 B, 25 pages, first touched on the GPU: ceil(25 / 16) = 2 batches of 7 us,
+    # nothing copied, no item cost (nothing migrates): 14 us; k1 runs 14-24.
+    r = kernel({}, {"y": 100})
+    assert r.iteration_us == pytest.approx(24.0)
+    assert (r.faults, r.fault_bytes) == (0, 0)
+    assert r.stall_fault_us == pytest.approx(14.0)
+
+
+def test_a_mix():
+    # w (64 B, one block) faults in one batch: 5 + 128 + 100 = 233 us; y (40 B) and the
+    # 8 B workspace are 12 pages of first touch, one batch: 7 us. 240 us, k1 runs 240-250.
+    r = kernel({"w": 64}, {"y": 40}, workspace=8)
+    assert r.iteration_us == pytest.approx(250.0)
+    assert (r.faults, r.fault_bytes) == (1, 64)
+    assert r.stall_fault_us == pytest.approx(240.0)
+
+
+def test_the_kernel_replay_charges_what_the_engine_does():
+    # benchmarks/uvm_kernels.py's two states of the mix: with its input in host memory
+    # (PF) 233 + 7 = 240 us, with it resident (InputPF) the first touch only, 7 us: the
+    # input part 233 us, the output part 7 us (returned in ms).
+    k = Kernel("mix", resident=0.01, input_pf=0.017, pf=0.25, inputs=[64], host_out=[], new_out=48)
+    assert predict(k, compile_machine(machine())) == pytest.approx((0.233, 0.007))
+    # an output the profiler wrote from the CPU migrates like an input, in both states
+    k = Kernel("host", resident=0.01, input_pf=0.25, pf=0.5, inputs=[64], host_out=[64], new_out=0)
+    # InputPF: one batch of the output, 133 + 100 = 233 us; PF: two batches, 133 x 2 + 100
+    assert predict(k, compile_machine(machine())) == pytest.approx((0.133, 0.233))
+
+
+def test_the_script_refuses_a_missing_tree(tmp_path):
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "uvm_kernels.py"), str(tmp_path / "none")],
+                         capture_output=True, text=True)
+    assert run.returncode == 2
+    assert run.stderr.count("\n") == 1 and "not a G10 tree" in run.stderr
+    (tmp_path / "g10" / "results").mkdir(parents=True)
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "uvm_kernels.py"), str(tmp_path / "g10")],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "kernels.config: no such file" in run.stderr
