@@ -19,14 +19,17 @@ One table: reference, figure (the reference's own), swapplan (the simulator's), 
   checkout) and the sample compiled-model trace (tracer/kineto/sample.py); within 1%.
 - **host replay**: `swapplan replay` on the host backend against the simulated iteration
   and peak (docs/executor.md); the iteration within 5%, the peak within the budget.
-- **published UVM**: G10 (MICRO'23, Fig. 11): Base UVM and DeepUM+ over the ideal on G10's
-  five workloads and machine (benchmarks/g10_uvm.py) against swapplan's ``uvm`` and
-  ``deepum``; within 25%. G10's figures come from G10's own simulator over its own
-  workload graphs and measured kernel times, which differ from the traced ones
-  (docs/simulation.md, "Unified memory against published figures").
+- **published UVM** (informative): G10 (MICRO'23, Fig. 11): Base UVM and DeepUM+ over the
+  ideal on G10's five workloads and machine (benchmarks/g10_uvm.py) against swapplan's
+  ``uvm`` and ``deepum``, with the cause of the difference beside them. They do not count in
+  the exit status (issue 52, decision (a)): G10's baseline keeps every dead tensor until
+  LRU evicts it, which no model of the driver reproduces, so no figure of the driver's
+  model is held to them (docs/simulation.md, "Unified memory against published figures");
+  what is held to measurement is the cost of a fault inside a kernel
+  (benchmarks/uvm_kernels.py, against G10's measured A100 kernels).
 
-Exit status 0 when every row is within its tolerance, 1 otherwise (the rows out of it are
-listed last), so that drift shows.
+Exit status 0 when every counted row is within its tolerance, 1 otherwise (the rows out of
+it are listed last), so that drift shows.
 """
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ class Row:
     tolerance: str
     ok: bool
     unit: str = ""
+    counted: bool = True      # False: informative, beside the others but not in the exit status
 
     @property
     def ratio(self) -> float | None:
@@ -134,17 +138,25 @@ def replay_rows() -> list[Row]:
     return rows
 
 
+# Why the published Base UVM and DeepUM+ are not held (issue 52, decision (a))
+UVM_CAUSE = ("informative: G10's baseline never frees a dead tensor (LRU evicts it) where R30 releases it, "
+             "on G10's graphs and measured kernel times, 5-15x the traced ones")
+DEEPUM_CAUSE = ("informative: DeepUM+ is G10's model of DeepUM over that never-freeing baseline, "
+                "on G10's graphs and kernel times")
+
+
 def uvm_rows() -> list[Row]:
-    """G10's published Base UVM and DeepUM+ against swapplan's uvm and deepum."""
+    """G10's published Base UVM and DeepUM+ beside swapplan's uvm and deepum (informative,
+    with their cause), and the order g10 <= deepum <= uvm (counted)."""
     from benchmarks.g10_uvm import g10_rows
     rows = []
     for w in g10_rows():
-        for ours, theirs, label in (("uvm_x", "published_uvm_x", "Base UVM vs uvm"),
-                                    ("deepum_x", "published_deepum_x", "DeepUM+ vs deepum")):
+        for ours, theirs, label, cause in (("uvm_x", "published_uvm_x", "Base UVM vs uvm", UVM_CAUSE),
+                                           ("deepum_x", "published_deepum_x", "DeepUM+ vs deepum", DEEPUM_CAUSE)):
             x, pub = w.get(ours), w[theirs]
             ok = x is not None and abs(x / pub - 1) <= 0.25
             rows.append(Row("published UVM", f"G10 Fig. 11 {w['workload']} b{w['batch']}: {label}", pub, x,
-                            "+-25%", ok, "x ideal"))
+                            f"+-25% ({cause})", ok, "x ideal", counted=False))
         order = [w.get(k) for k in ("g10_x", "deepum_x", "uvm_x")]
         ordered = None not in order and order[0] <= order[1] <= order[2]
         rows.append(Row("published UVM", f"G10 {w['workload']}: g10 <= deepum <= uvm",
@@ -164,7 +176,8 @@ def _fmt(value, unit: str) -> str:
 def table(rows: list[Row]) -> str:
     head = ("reference", "figure", "swapplan", "ratio", "tolerance", "ok")
     body = [(r.reference, _fmt(r.figure, r.unit), _fmt(r.swapplan, r.unit),
-             "-" if r.ratio is None else f"{r.ratio:.4f}", r.tolerance, "ok" if r.ok else "NO") for r in rows]
+             "-" if r.ratio is None else f"{r.ratio:.4f}", r.tolerance,
+             ("ok" if r.ok else "NO") + ("" if r.counted else " (not counted)")) for r in rows]
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     out = [line(head), line(tuple("-" * w for w in widths))]
@@ -187,8 +200,10 @@ def main(argv=None) -> int:
     if not args.quick:
         rows += uvm_rows()
     print(table(rows))
-    bad = [r for r in rows if not r.ok]
-    print(f"\n{len(rows) - len(bad)} of {len(rows)} references within tolerance "
+    counted = [r for r in rows if r.counted]
+    bad = [r for r in counted if not r.ok]
+    print(f"\n{len(counted) - len(bad)} of {len(counted)} counted references within tolerance, "
+          f"{sum(r.ok for r in rows if not r.counted)} of {len(rows) - len(counted)} informative ones "
           f"({time.perf_counter() - started:.0f} s)")
     for r in bad:
         print(f"out of tolerance: {r.reference}: {_fmt(r.swapplan, r.unit)} against {_fmt(r.figure, r.unit)} "

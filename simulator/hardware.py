@@ -129,15 +129,15 @@ class Uvm:
     - ``fault_latency_us`` 45: the cost of servicing one batch before its transfer
       (UVMSmart's default of 66,645 cycles at 1.48 GHz; G10's artifact, system_latency_us 45).
 
-    Three costs of demand paging measured on a real GPU (G10's A100 kernels, issue 52;
-    docs/simulation.md R31 gives the sources), all off by default so that every number
-    written before them keeps its value, set in the presets:
+    Three costs of demand paging, fit on G10's measured A100 kernels (issue 52,
+    benchmarks/uvm_kernels.py; docs/simulation.md's ``uvm`` table gives the sources); the
+    first model (``legacy_batch_blocks``) has none of them:
 
-    - ``fault_gbps`` (None: the link): the rate at which a fault batch's pages copy;
-      demand paging copies far below the link's rate;
-    - ``kernel_fault_us`` (0): once per item whose faults migrate pages, before its first batch;
-    - ``first_touch_us`` (0): per batch of first-touch faults (an item's new outputs and
-      workspace, zero-filled on the GPU, nothing copied), added to the item's time.
+    - ``fault_gbps`` 3.0: the rate at which a fault batch's pages copy (the slower of it
+      and the link; None: the link's); demand paging copies far below the link's rate;
+    - ``kernel_fault_us`` 680: once per item whose faults migrate pages, on its first batch;
+    - ``first_touch_us`` 85: per batch of first-touch faults (an item's new outputs and
+      workspace, zero-filled on the GPU, nothing copied), before the item runs.
 
     ``legacy_batch_blocks`` is set when a file gives ``fault_batch_blocks`` (the first
     UVM model's knob, still read): then a page and a big page are one block, and a batch
