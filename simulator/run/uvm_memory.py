@@ -18,8 +18,9 @@ module holds the memory that differs from the explicit mode:
 Why fault batches are not events. A fault batch runs on ``h2d`` and a write-back on
 ``d2h``, each stream one transfer at a time, and in UVM mode nothing else crosses
 ``pcie_down`` or ``pcie_up`` while they run (hints queue on the same two streams), so no
-flow ever shares a link: a batch takes its latency plus ceil(bytes x 10^12 / capacity)
-ps, exactly what the engine's max-min sharing gives a lone flow. Nor does anything
+flow ever shares a link: a batch takes its latency plus ceil(bytes x 10^12 / rate) ps,
+with the rate the link's capacity (what the engine's max-min sharing gives a lone flow)
+or the slower paging rate ``fault_gbps`` (R31). Nor does anything
 else take GPU memory while an item's batches run (the compute stream waits for them,
 and ``h2d``, the only other stream that allocates, is theirs). So the whole train of an
 item's write-backs and batches is computed when the item's room is decided, with the
