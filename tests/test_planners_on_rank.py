@@ -26,8 +26,10 @@ def ranks():
     return {strategy: shard_profile(base, strategy, 4) for strategy in ("zero3", "ddp")}
 
 
+SLOW = {"superneurons"}     # seconds a plan here: on the zero3 rank only
 CASES = [(strategy, spec.name) for spec in planners() for strategy in ("zero3", "ddp")
-         if spec.name not in SEARCHING or strategy == ("zero3" if sorted(SEARCHING).index(spec.name) % 2 else "ddp")]
+         if (spec.name not in SEARCHING and spec.name not in SLOW) or strategy == "zero3" and spec.name in SLOW
+         or spec.name in SEARCHING and strategy == ("zero3" if sorted(SEARCHING).index(spec.name) % 2 else "ddp")]
 
 
 @pytest.mark.parametrize("strategy, planner", CASES)
