@@ -120,6 +120,7 @@ typedef struct {
     Entry *heap; int64_t n_heap, cap_heap, order;
     Credit *credits; int64_t n_credits, cap_credits;
     int64_t budget, ledger, peak, peak_at, host, host_peak, epoch;
+    int64_t recycled, touch_fresh;  /* R31: freed GPU pages not yet reused; the head's fresh bytes */
     int64_t faults, fault_bytes, evictions, writeback_bytes;
     /* scratch lists */
     Vec ranges, pranges, writes, wb_dur, sizes, durations, ends, covered;
@@ -441,6 +442,7 @@ static void free_tensor(Uvm *u, int32_t t, int64_t now) {
     u->host -= u->nbytes[t] - resident + clean;
     u->resident[t] = 0;
     u->resident_total -= resident;
+    u->recycled += resident;     /* R31: GPU pages a new output takes with no first touch */
     commit(u, -resident, now);
 }
 
@@ -944,6 +946,13 @@ static int decide(Uvm *u, int32_t k) {
     if (!u->head_pinned) {
         for (int32_t i = u->pin_off[k]; i < u->pin_off[k + 1]; i++) pin(u, u->pin_val[i]);
         u->head_pinned = 1;
+        /* R31 fresh_bytes: freed pages still free are taken first, with no first touch */
+        int64_t reuse = u->recycled, free_now = u->budget - u->ledger;
+        if (reuse > u->alloc[k]) reuse = u->alloc[k];
+        if (reuse > free_now) reuse = free_now;
+        if (reuse < 0) reuse = 0;
+        u->recycled -= reuse;
+        u->touch_fresh = u->alloc[k] - reuse;
     }
     Vec *ranges = &u->ranges;
     ranges->n = 0;
@@ -1021,8 +1030,8 @@ static void try_compute(Uvm *u) {
     int64_t data_wait = u->data_ready_at - u->ready_at, memory_wait = u->decided_at - u->data_ready_at;
     /* R31: first_touch_ps: the new outputs' and workspace's first-touch faults */
     int64_t touch = 0;
-    if (u->touch_ps && u->alloc[k] > 0)
-        touch = checked(u, (((u->alloc[k] + u->page - 1) / u->page + u->batch_faults - 1) / u->batch_faults) * u->touch_ps);
+    if (u->touch_ps && u->touch_fresh > 0)
+        touch = checked(u, (((u->touch_fresh + u->page - 1) / u->page + u->batch_faults - 1) / u->batch_faults) * u->touch_ps);
     int64_t fault_wait = now - u->decided_at + touch;
     now += touch;
     if (data_wait || memory_wait || fault_wait) {
@@ -1074,7 +1083,7 @@ static void item_end(Uvm *u) {
     u->head = k + 1;
     u->ready_at = u->last_compute_end = now;
     u->data_ready_at = u->decided_at = u->fault_start = -1;
-    if (u->workspace[k]) commit(u, -u->workspace[k], now);
+    if (u->workspace[k]) { commit(u, -u->workspace[k], now); u->recycled += u->workspace[k]; }   /* R31 */
     for (int32_t i = u->pin_off[k]; i < u->pin_off[k + 1]; i++) unpin(u, u->pin_val[i]);
     u->head_pinned = 0;
     finish_item(u, k);

@@ -12,7 +12,7 @@ from ..model.links import D2H, H2D, PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD_WRITE
 from ..result import Result, Span
 from ..units import ps_to_us
 from .state import Blocked, RunState, _Infeasible
-from .uvm_memory import UvmMemory, fault_schedule, fault_schedule_half, first_touch_ps
+from .uvm_memory import UvmMemory, fault_schedule, fault_schedule_half, first_touch_ps, fresh_bytes
 
 
 def _run_uvm(compiled: CompiledProfile, program: Program, machine: Machine, budget: int, record: bool,
@@ -169,7 +169,8 @@ class _UvmRun(RunState):
                 mem.commit(held - taken, now)
                 self.pool_fault = mem.reuse_backing(out - held)
                 self.pool_alloc -= held + self.pool_fault
-            self.first_touch = first_touch_ps(self.pool_alloc, mem.page, mem.batch_faults, self.touch_batch_ps)
+            fresh = self.pool_alloc if mem.caching else fresh_bytes(mem, self.pool_alloc)   # R31, R38
+            self.first_touch = first_touch_ps(fresh, mem.page, mem.batch_faults, self.touch_batch_ps)
         ranges = []
         fault_bytes = 0
         resident, nbytes = mem.resident, mem.nbytes
@@ -409,6 +410,8 @@ class _UvmRun(RunState):
         workspace = self.seq.workspace[k]
         if workspace:
             mem.commit(-workspace, now)
+            if not mem.caching:
+                mem.recycled += workspace      # R31: its pages stay mapped for the next item
         pins, pinned = mem.pins, mem.pinned
         for t in self.touch[k].pins:
             pins[t] -= 1

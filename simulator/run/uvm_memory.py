@@ -141,6 +141,7 @@ class UvmMemory:
         self.runs: list[list[Run]] = [[] for _ in ids]
         self.resident = [0] * len(ids)
         self.resident_total = 0
+        self.recycled = 0          # R31: bytes of GPU pages freed by dead tensors and workspace, not yet reused
         self.pins = [0] * len(ids)
         self.pinned: set[int] = set()
         self.heap: list = []                # (stamp, tensor, first block, push count, run): R32's order
@@ -426,6 +427,7 @@ class UvmMemory:
         self.host -= self.nbytes[t] - resident + clean
         self.resident[t] = 0
         self.resident_total -= resident
+        self.recycled += resident      # R31: GPU pages a new output takes with no first touch
         self.commit(-resident, now)
 
     def release_clean(self, t: int, now: int) -> None:
@@ -757,3 +759,12 @@ def fault_schedule_half(now: int, start: int, ready: int, writes, wb_durations, 
         t += duration
         ends.append(t)
     return alloc_room, t, ends
+
+
+def fresh_bytes(mem, alloc: int) -> int:
+    """R31: of ``alloc`` bytes of an item's new outputs and workspace, those that first
+    touch fresh pages: pages freed by dead tensors and workspace (``recycled``) are mapped
+    on the GPU already and are taken first, as far as they are still free; takes them."""
+    reuse = max(0, min(mem.recycled, alloc, mem.budget - mem.ledger))
+    mem.recycled -= reuse
+    return alloc - reuse
