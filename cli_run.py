@@ -121,7 +121,7 @@ def train_cmd(model, planner_name, budget, plan_path, steps, batch, seq, optimiz
     the collectives issued against the rank graph's. See docs/runtime.md.
     """
     need_torch()
-    from runtime import PlanRefused, RuntimeFailure, train
+    from runtime import train
 
     if (planner_name is None) == (plan_path is None):
         raise click.UsageError("give --planner with --budget, or --plan")
@@ -133,40 +133,24 @@ def train_cmd(model, planner_name, budget, plan_path, steps, batch, seq, optimiz
                      cpu_kernels, params, seed, threads, world, strategy, as_json, notes)
         return
     hardware_name = hardware_name or "a100-40gb-pcie4"
-    try:
-        report = train(model, planner=planner_name, budget=budget, plan=plan_path, steps=steps, batch=batch, seq=seq,
-                       hardware=hardware_name, optimizer=optimizer, gpu_kernels=not cpu_kernels, seed=seed,
-                       params=parse_params(params), threads=threads, notes=notes)
-    except (PlanRefused, RuntimeFailure) as exc:
-        click.echo(one_line(str(exc)), err=True)
-        raise click.exceptions.Exit(1)
-    for note in notes:
-        print_note(note)
-    if as_json:
-        echo_json(report)
-    else:
-        print_train(report)
+    report = _run_and_print(lambda: train(model, planner=planner_name, budget=budget, plan=plan_path, steps=steps,
+                                          batch=batch, seq=seq, hardware=hardware_name, optimizer=optimizer,
+                                          gpu_kernels=not cpu_kernels, seed=seed, params=parse_params(params),
+                                          threads=threads, notes=notes),
+                            print_train, as_json, notes)
     ok = report["bit_equal"] and report["peak_bytes"] <= report["budget_bytes"] and \
         report["actions_applied"] == report["actions_total"]
     if not ok:
         raise click.exceptions.Exit(1)
 
 
-def _train_world(model, planner_name, budget, plan_path, steps, batch, seq, optimizer, hardware_name, cpu_kernels,
-                 params, seed, threads, world, strategy, as_json, notes) -> None:
-    """``train --world N``: run, print, exit 1 on a failed check (its one line)."""
+def _run_and_print(run, printer, as_json: bool, notes: list) -> dict:
+    """The report of ``run()`` (a train), printed with its notes; a refused plan or a
+    broken run ends with its one line and exit status 1."""
     from runtime import PlanRefused, RuntimeFailure
-    from runtime.distributed import train_distributed
 
-    if strategy is None:
-        raise click.UsageError("--world N > 1 needs --strategy (ddp, zero1, zero2 or zero3)")
-    if steps != 1:
-        raise click.UsageError("--world N > 1 runs one step (--steps 1)")
     try:
-        report = train_distributed(model, world=world, strategy=strategy, planner=planner_name, budget=budget,
-                                   plan=plan_path, batch=batch, seq=seq, hardware=hardware_name, optimizer=optimizer,
-                                   gpu_kernels=not cpu_kernels, seed=seed, params=parse_params(params),
-                                   threads=threads, notes=notes)
+        report = run()
     except (PlanRefused, RuntimeFailure) as exc:
         click.echo(one_line(str(exc)), err=True)
         raise click.exceptions.Exit(1)
@@ -175,7 +159,23 @@ def _train_world(model, planner_name, budget, plan_path, steps, batch, seq, opti
     if as_json:
         echo_json(report)
     else:
-        print_train_world(report)
+        printer(report)
+    return report
+
+
+def _train_world(model, planner_name, budget, plan_path, steps, batch, seq, optimizer, hardware_name, cpu_kernels,
+                 params, seed, threads, world, strategy, as_json, notes) -> None:
+    """``train --world N``: run, print, exit 1 on a failed check (its one line)."""
+    from runtime.distributed import train_distributed
+
+    if strategy is None:
+        raise click.UsageError("--world N > 1 needs --strategy (ddp, zero1, zero2 or zero3)")
+    if steps != 1:
+        raise click.UsageError("--world N > 1 runs one step (--steps 1)")
+    report = _run_and_print(lambda: train_distributed(
+        model, world=world, strategy=strategy, planner=planner_name, budget=budget, plan=plan_path, batch=batch,
+        seq=seq, hardware=hardware_name, optimizer=optimizer, gpu_kernels=not cpu_kernels, seed=seed,
+        params=parse_params(params), threads=threads, notes=notes), print_train_world, as_json, notes)
     if not report["ok"]:
         click.echo("train --world: " + one_line(report["failures"][0]), err=True)
         raise click.exceptions.Exit(1)

@@ -16,10 +16,10 @@ import time
 
 from simulator.errors import InputError
 from simulator.hardware import Hardware, load_hardware
-from simulator.plan import Plan, check_plan, load_plan
-from simulator.units import parse_budget, planning_budget
+from simulator.plan import Plan
 
 from .bindings import bind, initial_values
+from .train import plan_or_load
 from .dp_checks import ATOL, RTOL, check_collectives, check_peaks, compare_tensors
 from .dp_reference import reference_data_parallel
 from .launch import run_ranks
@@ -48,7 +48,6 @@ def train_distributed(model: str, *, world: int, strategy: str, planner: str | N
     Raises InputError for bad arguments or a plan for another profile, PlanRefused for a
     plan the simulator refuses, RuntimeFailure when a rank breaks.
     """
-    from planner.core.api import make_plan
     from shard import STRATEGIES, shard_profile
     from tracer.pytorch.trace import trace
 
@@ -73,21 +72,10 @@ def train_distributed(model: str, *, world: int, strategy: str, planner: str | N
     trace_s = time.perf_counter() - started
 
     started = time.perf_counter()
-    if plan is None:
-        budget_bytes, asked = planning_budget(budget, rank_profile.peak_bytes, hw.gpu.memory_bytes)
-        if asked is not None:
-            notes.append(f"budget: {budget} of the rank's no-swap peak is more than the GPU's memory on {hw.name}: "
-                         "planning for the GPU's")
-        the_plan = make_plan(rank_profile, hw, budget_bytes, planner, params or {}, seed).plan
-    else:
-        the_plan = plan if isinstance(plan, Plan) else load_plan(plan)
-        if the_plan.profile_sha256 and the_plan.profile_sha256 != rank_profile.sha256:
-            raise InputError(the_plan.origin, "profile.sha256",
-                             f"the plan was made for another profile than one rank of {model} ({rank_profile.name}, "
-                             f"sha256 {rank_profile.sha256[:12]}...): plan the rank profile that `swapplan trace "
-                             f"{model} --runtime` then `swapplan shard --strategy {strategy} --world {world}` write")
-        check_plan(the_plan, rank_profile, hw.ssd is not None, hw.cpu is not None)
-        budget_bytes = parse_budget(budget, rank_profile.peak_bytes) if budget is not None else None
+    the_plan, budget_bytes = plan_or_load(
+        rank_profile, hw, budget, planner, params, seed, plan, notes, "the rank's no-swap peak",
+        f"one rank of {model}", f"plan the rank profile that `swapplan trace {model} --runtime` then `swapplan shard "
+                                f"--strategy {strategy} --world {world}` write")
     plan_s = time.perf_counter() - started
 
     interpreter = RankInterpreter(bindings, rank_profile, rmap, the_plan, hw, budget_bytes)   # refuses a bad plan

@@ -38,7 +38,6 @@ def train(model: str, *, planner: str | None = None, budget: str | int | None = 
     """
     import torch
 
-    from planner.core.api import make_plan
     from tracer.pytorch.trace import DEFAULT_HARDWARE, trace
 
     if (plan is None) == (planner is None):
@@ -58,21 +57,9 @@ def train(model: str, *, planner: str | None = None, budget: str | int | None = 
     trace_s = time.perf_counter() - started
 
     started = time.perf_counter()
-    if plan is None:
-        budget_bytes, asked = planning_budget(budget, profile.peak_bytes, hw.gpu.memory_bytes)
-        if asked is not None:
-            notes.append(f"budget: {budget} of the no-swap peak is more than the GPU's memory on {hw.name}: "
-                         "planning for the GPU's")
-        the_plan = make_plan(profile, hw, budget_bytes, planner, params or {}, seed).plan
-    else:
-        the_plan = plan if isinstance(plan, Plan) else load_plan(plan)
-        if the_plan.profile_sha256 and the_plan.profile_sha256 != profile.sha256:
-            raise InputError(the_plan.origin, "profile.sha256",
-                             f"the plan was made for another profile than {model} traced for the runtime "
-                             f"({profile.name}, sha256 {profile.sha256[:12]}...): plan the profile that "
-                             f"`swapplan trace {model} --runtime` writes with the same options")
-        check_plan(the_plan, profile, hw.ssd is not None, hw.cpu is not None)
-        budget_bytes = parse_budget(budget, profile.peak_bytes) if budget is not None else None
+    the_plan, budget_bytes = plan_or_load(profile, hw, budget, planner, params, seed, plan, notes, "the no-swap peak",
+                                          f"{model} traced for the runtime", f"plan the profile that `swapplan trace "
+                                          f"{model} --runtime` writes with the same options")
     plan_s = time.perf_counter() - started
 
     planned_run = PlannedInterpreter(bindings, the_plan, hw, budget_bytes)   # refuses a bad plan now
@@ -90,6 +77,29 @@ def train(model: str, *, planner: str | None = None, budget: str | int | None = 
     values = planned_run = None  # noqa: F841
     raise InputError("<argument>", "--batch", out_of_memory_problem(model, profile.source.get("batch"),
                                                                     profile.source.get("seq"), detail))
+
+
+def plan_or_load(profile, hw: Hardware, budget, planner, params, seed: int, plan, notes: list, peak: str,
+                 whose: str, remedy: str):
+    """(the plan to run on ``profile``, its budget in bytes): made by ``planner`` within
+    ``budget`` (a size, or a percentage of ``peak``: the profile's no-swap peak, in words),
+    or ``plan`` (a path or a Plan) loaded and checked against ``profile``, ``whose`` and
+    ``remedy`` wording the error for a plan made for another profile."""
+    from planner.core.api import make_plan
+
+    if plan is None:
+        budget_bytes, asked = planning_budget(budget, profile.peak_bytes, hw.gpu.memory_bytes)
+        if asked is not None:
+            notes.append(f"budget: {budget} of {peak} is more than the GPU's memory on {hw.name}: "
+                         "planning for the GPU's")
+        return make_plan(profile, hw, budget_bytes, planner, params or {}, seed).plan, budget_bytes
+    the_plan = plan if isinstance(plan, Plan) else load_plan(plan)
+    if the_plan.profile_sha256 and the_plan.profile_sha256 != profile.sha256:
+        raise InputError(the_plan.origin, "profile.sha256",
+                         f"the plan was made for another profile than {whose} ({profile.name}, sha256 "
+                         f"{profile.sha256[:12]}...): {remedy}")
+    check_plan(the_plan, profile, hw.ssd is not None, hw.cpu is not None)
+    return the_plan, parse_budget(budget, profile.peak_bytes) if budget is not None else None
 
 
 def out_of_memory_problem(model: str, batch, seq, detail: str) -> str:
