@@ -130,6 +130,7 @@ def run_workload(w: Workload, hardware, planners=PLANNERS, cache: Path | None = 
                  retrace: bool = False, g10_kernel_times: bool = False) -> dict:
     """One row: trace (or load), plan with each planner at the GPU's whole memory, simulate."""
     from planner.core.api import make_plan
+    from planner.shared.bound import lower_bound
     from simulator.errors import InfeasibleError, InputError
     say(f"[{w.name}] {'tracing' if retrace or cache is None else 'tracing or loading'} {w.model} "
         f"at batch {w.batch}, {'seq' if 'bert' in w.model else 'side'} {w.seq} ...")
@@ -148,6 +149,8 @@ def run_workload(w: Workload, hardware, planners=PLANNERS, cache: Path | None = 
            "published_uvm_x": w.published_uvm, "published_deepum_x": w.published_deepum,
            "published_g10_x": w.published_g10, "published_ideal_ms": w.published_ideal_ms,
            "kernel_scale": scale, f"{how}_s": seconds, "seconds": {}, "status": {}}
+    # no plan that moves whole tensors (g10's) can beat this; uvm's and deepum's move blocks
+    row["swap_bound_x"] = lower_bound(profile, hardware, budget, recompute=False).iteration_us / profile.ideal_us
     for name in planners:
         started = time.perf_counter()
         try:

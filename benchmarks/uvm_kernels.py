@@ -21,9 +21,10 @@ and PF to at least InputPF; so does this script.
 
 Each kernel is replayed alone through swapplan's UVM rules (R31 of docs/simulation.md,
 with the hardware's ``uvm`` section: simulator/run/uvm_memory.py's ``batch_train``,
-``batch_durations`` and ``first_touch_ps``, the functions the engine itself uses) in the
-two states: on an idle GPU with room, an item's fault batches run back to back and the
-item's first-touch faults follow, so its extra time is their sum. Predicted over measured,
+``batch_durations``, ``first_touch_ps`` and ``touch_delay_ps``, the functions the engine
+itself uses) in the two states: on an idle GPU with room, an item's fault batches run back
+to back before it, and its first-touch faults run while it computes (its measured resident
+time), so its extra time is the train plus what the first touches take beyond the kernel. Predicted over measured,
 per part (input, output) in total over the workload, and per kernel (both parts together;
 the median over the kernels whose measured extra is positive).
 
@@ -123,18 +124,20 @@ def load(g10: Path, model: str, batch: int) -> list[Kernel]:
 def predict(kernel: Kernel, machine) -> tuple[float, float]:
     """R31 on one kernel alone: (input part, output part) of its extra time, ms."""
     from simulator.model.links import PCIE_DOWN
-    from simulator.run.uvm_memory import batch_durations, batch_train, first_touch_ps
+    from simulator.run.uvm_memory import batch_durations, batch_train, first_touch_ps, touch_delay_ps
     uvm = machine.uvm
     down = machine.link_capacity[PCIE_DOWN]
     rate = min(down, uvm.fault_down) if uvm.fault_down else down
+    bulk = min(down, uvm.fault_bulk) if uvm.fault_bulk else 0
     big = max(1, uvm.big_page // uvm.page)
 
     def train(tensors: list[int]) -> int:
         blocks = [min(uvm.block, n - at) for n in tensors for at in range(0, n, uvm.block)]
         sizes = batch_train(blocks, uvm.page, big, uvm.batch_faults, uvm.threshold)[0]
-        return sum(batch_durations(sizes, uvm.fault_latency_ps, rate, uvm.kernel_fault_ps))
+        return sum(batch_durations(sizes, uvm.fault_latency_ps, rate, uvm.kernel_fault_ps, bulk, uvm.fault_ramp))
 
-    touch = first_touch_ps(kernel.new_out, uvm.page, uvm.batch_faults, uvm.first_touch_ps)
+    touch = touch_delay_ps(first_touch_ps(kernel.new_out, uvm.page, uvm.batch_faults, uvm.first_touch_ps),
+                           round(kernel.resident * 1e9))
     input_pf = train(kernel.host_out) + touch
     pf = train(kernel.inputs + kernel.host_out) + touch
     return (pf - input_pf) / 1e9, input_pf / 1e9

@@ -133,11 +133,14 @@ class Uvm:
     benchmarks/uvm_kernels.py; docs/simulation.md's ``uvm`` table gives the sources); the
     first model (``legacy_batch_blocks``) has none of them:
 
-    - ``fault_gbps`` 3.0: the rate at which a fault batch's pages copy (the slower of it
-      and the link; None: the link's); demand paging copies far below the link's rate;
+    - ``fault_gbps`` 2.2: the rate at which the first ``fault_ramp`` bytes (256 MiB) of an
+      item's fault batches copy (the slower of it and the link; None: the link's), and
+      ``fault_bulk_gbps`` 5.0 the rate of the rest (None: ``fault_gbps`` throughout):
+      demand paging copies far below the link's rate, faster as a kernel's train grows;
     - ``kernel_fault_us`` 680: once per item whose faults migrate pages, on its first batch;
-    - ``first_touch_us`` 85: per batch of first-touch faults (an item's new outputs and
-      workspace, zero-filled on the GPU, nothing copied), before the item runs.
+    - ``first_touch_us`` 140: per batch of first-touch faults (an item's new outputs and
+      workspace, zero-filled on the GPU, nothing copied); they run while the kernel
+      computes, so the item takes the longer of the two.
 
     ``legacy_batch_blocks`` is set when a file gives ``fault_batch_blocks`` (the first
     UVM model's knob, still read): then a page and a big page are one block, and a batch
@@ -157,9 +160,11 @@ class Uvm:
     fault_batch_faults: int = 256
     prefetch_threshold: int = 51
     caching_allocator: bool = False
-    fault_gbps: float | None = 3.0
+    fault_gbps: float | None = 2.2
     kernel_fault_us: float = 680.0
-    first_touch_us: float = 85.0
+    first_touch_us: float = 140.0
+    fault_bulk_gbps: float | None = 5.0
+    fault_ramp_bytes: int = 256 * 1024 * 1024
 
     @property
     def fault_batch_blocks(self) -> int:
@@ -181,9 +186,11 @@ class Uvm:
                        prefetch_threshold=self.prefetch_threshold)
         if self.caching_allocator:
             out["caching_allocator"] = True
-        for key in ("fault_gbps", "kernel_fault_us", "first_touch_us"):
+        for key in ("fault_gbps", "kernel_fault_us", "first_touch_us", "fault_bulk_gbps"):
             if getattr(self, key):
                 out[key] = getattr(self, key)
+        if self.fault_bulk_gbps:
+            out["fault_ramp"] = self.fault_ramp_bytes
         return out
 
 
@@ -191,7 +198,8 @@ DRIVER_UVM = Uvm()   # a ``uvm`` section's defaults: the driver's fault model
 # No ``uvm`` section at all: the first model (R31 with fault_batch_blocks 1: a fault
 # brings its whole block, one block per batch), so files written for it keep their numbers.
 DEFAULT_UVM = Uvm(legacy_batch_blocks=1, page_bytes=DRIVER_UVM.block_bytes, big_page_bytes=DRIVER_UVM.block_bytes,
-                  fault_batch_faults=1, prefetch_threshold=100, fault_gbps=None, kernel_fault_us=0.0, first_touch_us=0.0)
+                  fault_batch_faults=1, prefetch_threshold=100, fault_gbps=None, kernel_fault_us=0.0, first_touch_us=0.0,
+                  fault_bulk_gbps=None, fault_ramp_bytes=0)
 
 
 @dataclass(frozen=True)
@@ -384,7 +392,7 @@ def _uvm_from(uvm_r: Reader, file: str, has_ssd: bool, host_bytes: int) -> Uvm:
     ``page``, ``big_page``, ``fault_batch_faults`` or ``prefetch_threshold``."""
     uvm_r.reject_unknown({"block", "fault_latency_us", "fault_batch_blocks", "backing", "host_cache", "page",
                           "big_page", "fault_batch_faults", "prefetch_threshold", "caching_allocator", "fault_gbps",
-                          "kernel_fault_us", "first_touch_us"})
+                          "kernel_fault_us", "first_touch_us", "fault_bulk_gbps", "fault_ramp"})
     block = parse_size(uvm_r.get("block", DEFAULT_UVM.block_bytes), uvm_r.path("block"), file)
     if block <= 0:
         raise uvm_r.error("block", "must be > 0")
@@ -401,7 +409,7 @@ def _uvm_from(uvm_r: Reader, file: str, has_ssd: bool, host_bytes: int) -> Uvm:
     if uvm_r.get("fault_batch_blocks", None) is not None:
         legacy = integer("fault_batch_blocks", 1, 1, 1_000_000)
         for key in ("page", "big_page", "fault_batch_faults", "prefetch_threshold", "fault_gbps", "kernel_fault_us",
-                    "first_touch_us"):
+                    "first_touch_us", "fault_bulk_gbps", "fault_ramp"):
             if uvm_r.get(key, None) is not None:
                 raise uvm_r.error(key, "cannot be combined with fault_batch_blocks (the first UVM model: a batch "
                                        "of whole blocks); use fault_batch_faults")
@@ -423,8 +431,14 @@ def _uvm_from(uvm_r: Reader, file: str, has_ssd: bool, host_bytes: int) -> Uvm:
         fault_gbps = uvm_r.number("fault_gbps", default=DRIVER_UVM.fault_gbps, positive=True)
         kernel_fault = uvm_r.number("kernel_fault_us", default=DRIVER_UVM.kernel_fault_us)
         first_touch = uvm_r.number("first_touch_us", default=DRIVER_UVM.first_touch_us)
+        bulk = uvm_r.get("fault_bulk_gbps", DRIVER_UVM.fault_bulk_gbps)
+        bulk = None if bulk is None else uvm_r.number("fault_bulk_gbps", default=DRIVER_UVM.fault_bulk_gbps,
+                                                     positive=True)
+        ramp = parse_size(uvm_r.get("fault_ramp", DRIVER_UVM.fault_ramp_bytes), uvm_r.path("fault_ramp"), file)
+        if ramp < 0:
+            raise uvm_r.error("fault_ramp", "must be >= 0")
     else:
-        fault_gbps, kernel_fault, first_touch = None, 0.0, 0.0
+        fault_gbps, kernel_fault, first_touch, bulk, ramp = None, 0.0, 0.0, None, 0
     caching = uvm_r.get("caching_allocator", False)
     if not isinstance(caching, bool):
         raise uvm_r.error("caching_allocator", f"expected true or false, got {caching!r}")
@@ -443,7 +457,7 @@ def _uvm_from(uvm_r: Reader, file: str, has_ssd: bool, host_bytes: int) -> Uvm:
                legacy_batch_blocks=legacy, backing=backing, host_cache_bytes=cache_bytes, page_bytes=page,
                big_page_bytes=big, fault_batch_faults=faults, prefetch_threshold=threshold,
                caching_allocator=caching, fault_gbps=fault_gbps, kernel_fault_us=kernel_fault,
-               first_touch_us=first_touch)
+               first_touch_us=first_touch, fault_bulk_gbps=bulk, fault_ramp_bytes=ramp)
 
 
 def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:
@@ -457,6 +471,9 @@ def check_limits(hardware: Hardware, file: str = "<hardware>") -> None:
              ("gpu.hbm_gbps", hardware.gpu.hbm_gbps)]
     if hardware.uvm.fault_gbps:
         rates.append(("uvm.fault_gbps", hardware.uvm.fault_gbps))
+    if hardware.uvm.fault_bulk_gbps:
+        rates.append(("uvm.fault_bulk_gbps", hardware.uvm.fault_bulk_gbps))
+        sizes.append(("uvm.fault_ramp", hardware.uvm.fault_ramp_bytes))
     if hardware.ssd is not None:
         sizes.append(("ssd.capacity", hardware.ssd.capacity_bytes))
         latencies.append(("ssd.latency_us", hardware.ssd.latency_us))

@@ -59,6 +59,8 @@ class UvmMachine:
     fault_down: int = 0        # R31: a fault batch's copy rate (bytes/s; 0: the link's), the
     kernel_fault_ps: int = 0   # cost once per item that migrates pages, and per batch of
     first_touch_ps: int = 0    # first-touch faults (new outputs and workspace)
+    fault_bulk: int = 0        # R31: the copy rate past an item's first ``fault_ramp`` bytes (0: none)
+    fault_ramp: int = 0
 
 
 def compile_machine(hardware: Hardware) -> Machine:
@@ -75,7 +77,9 @@ def compile_machine(hardware: Hardware) -> Machine:
                              us_to_ps(ssd.latency_us) if ssd else 0, uvm.page_bytes, uvm.big_page_bytes,
                              uvm.fault_batch_faults, uvm.prefetch_threshold, uvm.caching_allocator,
                              round(uvm.fault_gbps * 1e9) if uvm.fault_gbps else 0, us_to_ps(uvm.kernel_fault_us),
-                             us_to_ps(uvm.first_touch_us))
+                             us_to_ps(uvm.first_touch_us),
+                             round(uvm.fault_bulk_gbps * 1e9) if uvm.fault_bulk_gbps else 0,
+                             uvm.fault_ramp_bytes if uvm.fault_bulk_gbps else 0)
     return Machine(name=hardware.name, gpu_bytes=hardware.gpu.memory_bytes, link_capacity=tuple(capacity),
                    routes=routes, half_duplex=half, has_ssd=ssd is not None, host_bytes=host_bytes,
                    ssd_bytes=ssd_bytes, packed=_pack_machine(half, host_bytes, ssd_bytes, tuple(capacity), routes),

@@ -112,6 +112,7 @@ typedef struct {
     int64_t block, fault_ps, batch_blocks, down, up, lat_in, lat_out, host_capacity, wb_full, in_full;
     int64_t page, big_pages, batch_faults, threshold;  /* R31: the driver's fault model (batch_blocks 0) */
     int64_t fault_down, kernel_fault_ps, touch_ps;     /* R31: the paging rate, per item, per first-touch batch */
+    int64_t fault_bulk, fault_ramp;                   /* R31: the rate past an item's first fault_ramp bytes */
     /* UvmMemory */
     int64_t *nblocks, *tail, *resident, resident_total;
     RunRec *runs; int64_t n_runs, cap_runs;
@@ -600,7 +601,17 @@ static void page_batches(Uvm *u, const Vec *ranges) {
         }
     }
     reserve(u, &u->durations, u->sizes.n);
-    for (int64_t i = 0; i < u->sizes.n; i++) u->durations.v[i] = u->fault_ps + flow_ps(u, u->sizes.v[i], u->fault_down);
+    int64_t done = 0;
+    for (int64_t i = 0; i < u->sizes.n; i++) {      /* paging_ps: the first fault_ramp bytes at fault_down */
+        int64_t size = u->sizes.v[i], slow = size;
+        if (u->fault_bulk) {
+            slow = u->fault_ramp - done;
+            slow = slow < 0 ? 0 : slow > size ? size : slow;
+        }
+        u->durations.v[i] = checked(u, u->fault_ps + flow_ps(u, slow, u->fault_down)
+                                       + (size > slow ? flow_ps(u, size - slow, u->fault_bulk) : 0));
+        done += size;
+    }
     u->durations.n = u->sizes.n;
     if (u->sizes.n) u->durations.v[0] = checked(u, u->durations.v[0] + u->kernel_fault_ps);   /* batch_durations */
 }
@@ -1032,6 +1043,7 @@ static void try_compute(Uvm *u) {
     int64_t touch = 0;
     if (u->touch_ps && u->touch_fresh > 0)
         touch = checked(u, (((u->touch_fresh + u->page - 1) / u->page + u->batch_faults - 1) / u->batch_faults) * u->touch_ps);
+    touch = touch > u->time_ps[k] ? touch - u->time_ps[k] : 0;   /* touch_delay_ps: they overlap the kernel */
     int64_t fault_wait = now - u->decided_at + touch;
     now += touch;
     if (data_wait || memory_wait || fault_wait) {
@@ -1407,7 +1419,7 @@ static int group(Arena *a, int32_t n, const Buf *keys, const Buf *vals, int64_t 
     return 1;
 }
 
-enum { NSEQ = 13, NPROG = 13, NTENSOR = 3, NMACHINE = 15 };
+enum { NSEQ = 13, NPROG = 13, NTENSOR = 3, NMACHINE = 17 };
 
 static int read_inputs(PyObject *seq, PyObject *prog, PyObject *tensors, PyObject *machine, long long budget,
                        Buf *sb, Buf *pb, Buf *tb, Uvm *u, Arena *a) {
@@ -1423,7 +1435,7 @@ static int read_inputs(PyObject *seq, PyObject *prog, PyObject *tensors, PyObjec
     if (PyTuple_GET_SIZE(seq) != NSEQ || PyTuple_GET_SIZE(prog) != NPROG || PyTuple_GET_SIZE(tensors) != NTENSOR
         || PyTuple_GET_SIZE(machine) != NMACHINE) {
         PyErr_SetString(PyExc_ValueError, "_fastuvm: the sequence and program tuples must have 13 entries, "
-                                          "the tensors 3 and the machine 12");
+                                          "the tensors 3 and the machine 17");
         return 0;
     }
     for (int i = 0; i < NSEQ; i++) if (!get_buf(PyTuple_GET_ITEM(seq, i), &sb[i], ssize[i], snames[i])) return 0;
@@ -1456,6 +1468,7 @@ static int read_inputs(PyObject *seq, PyObject *prog, PyObject *tensors, PyObjec
     u->lat_in = m[5]; u->lat_out = m[6]; u->host_capacity = m[7];
     u->page = m[8]; u->big_pages = m[9]; u->batch_faults = m[10]; u->threshold = m[11];
     u->fault_down = m[12]; u->kernel_fault_ps = m[13]; u->touch_ps = m[14];
+    u->fault_bulk = m[15]; u->fault_ramp = m[16];
     u->budget = budget;
     if (!(values_in(u->time_ps, n, TIME_LIMIT, snames[0]) && values_in(u->workspace, n, TIME_LIMIT, snames[1])
           && values_in(u->alloc, n, TIME_LIMIT, snames[2]) && values_in(u->nbytes, nt, TIME_LIMIT, tnames[0])
@@ -1473,7 +1486,7 @@ static int read_inputs(PyObject *seq, PyObject *prog, PyObject *tensors, PyObjec
           && ints_in(u->start_code, u->n_start, -(int64_t)nt, nx, pnames[10])))
         return 0;
     if (u->block < 1 || u->batch_blocks < 0 || u->page < 1 || u->page > u->block || u->block / u->page > 1000000
-        || u->big_pages < 1 || u->batch_faults < 1 || u->threshold < 0 || u->threshold > 100 || u->down < 1 || u->up < 1 || u->fault_down < 1 || u->kernel_fault_ps < 0
+        || u->big_pages < 1 || u->batch_faults < 1 || u->threshold < 0 || u->threshold > 100 || u->down < 1 || u->up < 1 || u->fault_down < 1 || u->fault_bulk < 0 || u->fault_ramp < 0 || u->kernel_fault_ps < 0
         || u->kernel_fault_ps > TIME_LIMIT || u->touch_ps < 0 || u->touch_ps > TIME_LIMIT || u->fault_ps < 0 || u->fault_ps > TIME_LIMIT
         || u->lat_in < 0 || u->lat_in > TIME_LIMIT || u->lat_out < 0 || u->lat_out > TIME_LIMIT || budget < 0
         || budget > TIME_LIMIT * 2)

@@ -74,7 +74,8 @@ def pack(compiled: CompiledProfile, program: Program, machine: Machine) -> tuple
                       machine.route("offload", "host").latency_ps, machine.host_bytes,
                       uvm.page if uvm.page else uvm.block, max(1, uvm.big_page // uvm.page) if uvm.page else 1,
                       uvm.batch_faults if uvm.page else max(1, uvm.batch_blocks), uvm.threshold if uvm.page else 100,
-                      min(down, uvm.fault_down) if uvm.fault_down else down, uvm.kernel_fault_ps, uvm.first_touch_ps)
+                      min(down, uvm.fault_down) if uvm.fault_down else down, uvm.kernel_fault_ps, uvm.first_touch_ps,
+                      min(down, uvm.fault_bulk) if uvm.fault_bulk else 0, uvm.fault_ramp)
     tensors = (compiled.arrays[0], compiled.arrays[1], compiled.arrays[15])
     return arrays, _program(program, compiled), tensors, packed_machine
 

@@ -12,7 +12,7 @@ from ..model.links import D2H, H2D, PCIE_DOWN, PCIE_UP, SSD_READ_LINK, SSD_WRITE
 from ..result import Result, Span
 from ..units import ps_to_us
 from .state import Blocked, RunState, _Infeasible
-from .uvm_memory import UvmMemory, fault_schedule, fault_schedule_half, first_touch_ps, fresh_bytes
+from .uvm_memory import UvmMemory, fault_schedule, fault_schedule_half, first_touch_ps, fresh_bytes, touch_delay_ps
 
 
 def _run_uvm(compiled: CompiledProfile, program: Program, machine: Machine, budget: int, record: bool,
@@ -131,7 +131,8 @@ class _UvmRun(RunState):
             return
         data_wait = self.data_ready_at - self.ready_at
         memory_wait = self.decided_at - self.data_ready_at
-        touch = self.first_touch     # R31: its new outputs' and workspace's first-touch faults
+        time_ps = self.seq.time_ps[k]
+        touch = touch_delay_ps(self.first_touch, time_ps)   # R31: first touches beyond the kernel's time
         fault_wait = now - self.decided_at + touch
         now += touch
         if data_wait or memory_wait or fault_wait:
@@ -142,7 +143,6 @@ class _UvmRun(RunState):
             entry[0] += data_wait
             entry[1] += memory_wait
             entry[2] += fault_wait
-        time_ps = self.seq.time_ps[k]
         self.running_until = now + time_ps
         self.compute_ps += time_ps
         if self.record:

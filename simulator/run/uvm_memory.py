@@ -170,6 +170,8 @@ class UvmMemory:
         self.batch_faults = uvm.batch_faults if uvm.page else max(1, uvm.batch_blocks)
         self.threshold = uvm.threshold if uvm.page else 100
         self.fault_down = min(down, uvm.fault_down) if uvm.fault_down else down   # R31: the paging rate
+        self.fault_bulk = min(down, uvm.fault_bulk) if uvm.fault_bulk else 0        # ... past the ramp
+        self.fault_ramp = uvm.fault_ramp
         self.kernel_fault_ps = uvm.kernel_fault_ps
         self.block_batch: list[int] = []             # fault_blocks: per block faulted, its last batch
         self._wb_full = -(-block * PS_PER_S // up)
@@ -540,7 +542,8 @@ class UvmMemory:
                     durations.extend([full] * (last - first))
             return sizes, durations
         sizes = self._batches(ranges)[0]
-        return sizes, batch_durations(sizes, self.fault_ps, self.fault_down, self.kernel_fault_ps)
+        return sizes, batch_durations(sizes, self.fault_ps, self.fault_down, self.kernel_fault_ps, self.fault_bulk,
+                                      self.fault_ramp)
 
     def _batches(self, ranges) -> tuple[list[int], list[list[int]]]:
         """R31: the fault batches of the blocks of ``ranges`` (tensor, first, last), which
@@ -568,9 +571,12 @@ class UvmMemory:
                         hit[j] = False
                 i += 1
         durations = []
+        done = 0
         for size, all_cached in zip(sizes, hit):
+            done += size
             if all_cached:
-                durations.append(self.fault_ps + -(-size * PS_PER_S // self.fault_down))
+                durations.append(self.fault_ps + paging_ps(done - size, size, self.fault_down, self.fault_bulk,
+                                                           self.fault_ramp))
             else:
                 self.ssd_read_bytes += size
                 durations.append(self.fault_ps + self.ssd_read_latency + -(-size * PS_PER_S // self.ssd_in))
@@ -608,23 +614,45 @@ class UvmMemory:
         return count, total
 
 
-def batch_durations(sizes, latency_ps: int, rate: int, kernel_fault_ps: int = 0) -> list[int]:
+def batch_durations(sizes, latency_ps: int, rate: int, kernel_fault_ps: int = 0, bulk: int = 0,
+                    ramp: int = 0) -> list[int]:
     """R31: each fault batch's duration, its latency and its bytes at the paging rate
-    (``rate`` bytes/s: the link's, or the slower ``fault_gbps``); the item's first batch
-    also pays ``kernel_fault_ps``, once per item that migrates pages."""
-    durations = [latency_ps + -(-size * PS_PER_S // rate) for size in sizes]
+    (``rate`` bytes/s: the link's, or the slower ``fault_gbps``; past the item's first
+    ``ramp`` bytes at ``bulk`` when given, ``paging_ps``); the item's first batch also
+    pays ``kernel_fault_ps``, once per item that migrates pages."""
+    durations = []
+    done = 0
+    for size in sizes:
+        durations.append(latency_ps + paging_ps(done, size, rate, bulk, ramp))
+        done += size
     if durations:
         durations[0] += kernel_fault_ps
     return durations
 
 
+def paging_ps(done: int, size: int, rate: int, bulk: int = 0, ramp: int = 0) -> int:
+    """R31: the copy time of a fault batch of ``size`` bytes after ``done`` bytes of the
+    same item's train: the bytes within the first ``ramp`` at ``rate``, the rest at
+    ``bulk`` (0: all at ``rate``), each part rounded up to a whole picosecond."""
+    if not bulk:
+        return -(-size * PS_PER_S // rate)
+    slow = max(0, min(size, ramp - done))
+    return -(-slow * PS_PER_S // rate) + -(-(size - slow) * PS_PER_S // bulk)
+
+
 def first_touch_ps(nbytes: int, page: int, batch_faults: int, per_batch_ps: int) -> int:
     """R31: the time an item's first-touch faults take (``nbytes`` of new outputs and
     workspace, zero-filled on the GPU, nothing copied): one fault per ``page``, serviced
-    ``batch_faults`` to a batch, ``per_batch_ps`` each."""
+    ``batch_faults`` to a batch, ``per_batch_ps`` each. They run while the kernel
+    computes: the item is delayed by what exceeds its compute time (``touch_delay_ps``)."""
     if nbytes <= 0 or not per_batch_ps:
         return 0
     return -(-(-(-nbytes // page)) // batch_faults) * per_batch_ps
+
+
+def touch_delay_ps(touch: int, compute: int) -> int:
+    """R31: first-touch faults overlap the kernel's own work; what is left over delays it."""
+    return touch - compute if touch > compute else 0
 
 
 def batch_train(blocks, page: int, big: int, faults: int, threshold: int) -> tuple[list[int], list[list[int]]]:
