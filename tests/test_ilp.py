@@ -128,7 +128,7 @@ def test_the_start_solution_is_feasible_in_the_model():
 def test_joint_recomputes_where_a_copy_would_cost_more():
     # a 0.1 B/us link: moving b costs 600 us each way; recomputing it (f1, 10 us) is cheaper
     profile, hw = tiny(), machine(h2d=0.0001, d2h=0.0001)
-    planned = make_plan(profile, hw, 163, "joint", options=RunOptions(time_limit=20, threads=1))
+    planned = make_plan(profile, hw, 163, "joint", {"search": False}, options=RunOptions(time_limit=20, threads=1))
     kinds = [(a.kind, a.tensor) for a in planned.plan.actions]
     assert ("recompute", "b") in kinds and ("drop", "b") in kinds and not any(k == "offload" for k, _ in kinds)
     notes = planned.plan.planner.notes
@@ -139,7 +139,7 @@ def test_joint_recomputes_where_a_copy_would_cost_more():
 def test_joint_never_reads_a_source_inside_its_moved_interval(transformer):
     profile, hw = transformer
     budget = int(0.8 * profile.peak_bytes)
-    planned = make_plan(profile, hw, budget, "joint", options=RunOptions(time_limit=20, threads=1))
+    planned = make_plan(profile, hw, budget, "joint", {"search": False}, options=RunOptions(time_limit=20, threads=1))
     assert planned.result.valid and planned.result.ok
     assert planned.result.iteration_us <= make_plan(profile, hw, budget, "capuchin").result.iteration_us * (1 + 1e-9)
 
@@ -160,7 +160,7 @@ CHAIN_OPS += [("gx", "backward", 10.0, ["x"], ["gxo"]), ("gs", "backward", 10.0,
 def test_joint_recomputes_a_chain_and_the_model_prices_it():
     profile, hw = make_profile(CHAIN_TENSORS, CHAIN_OPS, "ilp-chain"), machine(h2d=0.0001, d2h=0.0001)
     budget = 183   # at the m ops 280 B without a plan; at gx, s regenerated and x: 183
-    planned = make_plan(profile, hw, budget, "joint", options=RunOptions(time_limit=20, threads=1))
+    planned = make_plan(profile, hw, budget, "joint", {"search": False}, options=RunOptions(time_limit=20, threads=1))
     actions = [(a.kind, a.tensor, a.after or a.before) for a in planned.plan.actions]
     assert planned.result.ok, planned.result.reason
     assert ("recompute", "s", "gx") in actions and ("recompute", "x", "gx") in actions
@@ -181,7 +181,7 @@ def test_joint_never_moves_a_weight_across_a_recompute_that_reads_it():
     ops = CHAIN_OPS[:3] + [("p0", "forward", 10.0, [], []), ("p1", "forward", 10.0, [], [])]
     ops += [(f"m{k}", "forward", 10.0, [], [], [], 400) for k in range(5)] + CHAIN_OPS[-3:]
     profile, hw = make_profile(tensors, ops, "ilp-chain"), machine(h2d=0.01, d2h=0.01)
-    planned = make_plan(profile, hw, 470, "joint", options=RunOptions(time_limit=20, threads=1))
+    planned = make_plan(profile, hw, 470, "joint", {"search": False}, options=RunOptions(time_limit=20, threads=1))
     notes = planned.plan.planner.notes
     assert notes["simulated_us"] is not None   # the solver's own plan runs, not only the fallback
     assert notes["recomputed"] >= 1 and planned.result.ok
@@ -200,7 +200,7 @@ def test_joint_recomputes_from_a_source_it_brings_back_early():
     # the retarget graph: s goes to host memory and x is recomputed before gx from s, so s's
     # prefetch is due at gx (the recompute reads it there), not at gs where its interval ends
     profile, hw = retarget_graph()
-    planned = make_plan(profile, hw, 200, "joint", options=RunOptions(time_limit=20, threads=1))
+    planned = make_plan(profile, hw, 200, "joint", {"search": False}, options=RunOptions(time_limit=20, threads=1))
     actions = [(a.kind, a.tensor, a.before) for a in planned.plan.actions if a.kind in ("prefetch", "recompute")]
     assert ("prefetch", "s", "gx") in actions and ("recompute", "x", "gx") in actions
     notes = planned.plan.planner.notes
@@ -211,8 +211,8 @@ def test_lp_guided_fixing_reduces_the_model_and_reports_the_full_models_bound(tr
     profile, hw = transformer
     budget = int(0.75 * profile.peak_bytes)
     options = RunOptions(time_limit=20, threads=1)
-    whole = make_plan(profile, hw, budget, "joint", options=options)
-    fixed = make_plan(profile, hw, budget, "joint", {"fix_above": "1"}, options=options)
+    whole = make_plan(profile, hw, budget, "joint", {"search": False}, options=options)
+    fixed = make_plan(profile, hw, budget, "joint", {"fix_above": "1", "search": False}, options=options)
     notes, whole_notes = fixed.plan.planner.notes, whole.plan.planner.notes
     assert "kept" in notes["lp_fixing"] and notes["columns"] < whole_notes["columns"]
     assert fixed.result.ok and fixed.plan.planner.status in ("feasible", "heuristic")

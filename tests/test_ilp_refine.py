@@ -203,7 +203,7 @@ def test_a_chain_recompute_does_not_hide_the_recompute_of_its_interval():
     # then prices the plan at the simulated 140 us (110 us ideal + fx and fs before gx + fs before gs)
     from tests.test_ilp import CHAIN_OPS, CHAIN_TENSORS
     profile, hw = make_profile(CHAIN_TENSORS, CHAIN_OPS, "ilp-chain"), machine(h2d=0.0001, d2h=0.0001)
-    planned = make_plan(profile, hw, 183, "joint", options=RunOptions(time_limit=20, threads=1))
+    planned = make_plan(profile, hw, 183, "joint", {"search": False}, options=RunOptions(time_limit=20, threads=1))
     kinds = [(a.kind, a.tensor) for a in planned.plan.actions]
     assert kinds.index(("drop", "s")) < kinds.index(("recompute", "s"))
     assert sum(k == ("drop", "s") for k in kinds) == 2
@@ -218,7 +218,7 @@ def test_a_prefetch_due_at_a_recompute_inside_its_interval_is_that_intervals_mov
     # gx-2 at the latest) and prices the plan at its simulated time; without it, more moves are added or none fit
     from tests.test_ilp import retarget_graph
     profile, hw = retarget_graph()
-    planned = make_plan(profile, hw, 200, "joint", options=RunOptions(time_limit=20, threads=1))
+    planned = make_plan(profile, hw, 200, "joint", {"search": False}, options=RunOptions(time_limit=20, threads=1))
     assert ("prefetch", "s", "gx") in [(a.kind, a.tensor, a.before) for a in planned.plan.actions]
     form, moved, redone, missing, model_us, run = _priced_at_own_positions(profile, hw, 200, planned.plan, 8)
     index = profile.op_index

@@ -122,9 +122,9 @@ def test_the_heuristic_is_returned_when_strictly_faster(monkeypatch):
 
     calls = []
 
-    def biased(sim, budget, actions, initial=None, **kw):   # the heuristic's plan (the first one
+    def biased(sim, budget, actions, initial=None, *args, **kw):   # the heuristic's plan (the first one
         calls.append(1)                                      # scored) 1 us faster
-        result = real(sim, budget, actions, initial, **kw)
+        result = real(sim, budget, actions, initial, *args, **kw)
         if len(calls) == 1 and result.ok:
             result.iteration_us -= 1.0
         return result

@@ -117,6 +117,13 @@ def _cell_splits(profile: Profile, budget_bytes: int, spec, resolved: dict) -> d
     return choose_splits(profile, budget_bytes, spec.moves_persistent, spec.cpu_phases, variants=variants)
 
 
+def can_meet(name: str, params: dict, profile: Profile, hardware: Hardware, budget_bytes: int) -> bool:
+    """Can planner ``name`` meet this budget at all (its floor, as ``make_plan`` checks it)?
+    Pools of heuristics skip those that cannot, rather than let them search in vain."""
+    spec = get_planner(name)
+    return budget_bytes >= _floor(spec, spec.resolve(params), profile, hardware)[0]
+
+
 def _floor(spec, resolved: dict, profile: Profile, hardware: Hardware) -> tuple[int, str | None]:
     """The smallest budget a plan of this planner can meet on ``profile``, and the op that sets it."""
     if spec.memory == "uvm":

@@ -252,7 +252,7 @@ def _chen(profile, hardware, budget, sim):
 def plan_checkmate(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, nodes=DEFAULT_NODES, stages=0,
                    gap=DEFAULT_GAP):
     started = time.perf_counter()
-    deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
+    deadline = options.deadline(started, DEFAULT_TIME_LIMIT)
     if profile.peak_bytes <= budget_bytes:
         return Draft(status="optimal", gap=0.0, estimate_us=profile.ideal_us, notes={"recomputes": 0})
     sim = simulator_for(profile, hardware, options)

@@ -321,7 +321,7 @@ def solve_cold(profile, hardware, budget: int, cands, options, gap: float, fix_a
     """tmof's solve (planner/shared/ilp/solve.py ``solve_swap_milp``) over the given
     candidates: (actions, initial, status, gap, estimate)."""
     started = time.perf_counter()
-    deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
+    deadline = options.deadline(started, DEFAULT_TIME_LIMIT)
     sim = simulator_for(profile, hardware, options)
     form = Formulation(profile, hardware, budget, cands)
     built = time.perf_counter() - started

@@ -138,6 +138,9 @@ Departures (and why):
 """
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 from simulator.plan import drop, offload, prefetch, recompute
 
 from ..core.api import score, simulator_for
@@ -273,6 +276,9 @@ def better_by_simulation(sim, budget_bytes, drafts: list[Draft]) -> Draft:
     return min(drafts, key=rank)
 
 
+RECOMPUTE_SHARE = 0.4   # with a time limit, the recompute pass runs only if the drafts took less than this share
+
+
 def g10_drafts(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback,
                regens: tuple[Regen, ...] = ()) -> list[tuple[Draft, list[Move], G10State]]:
     """G10's draft (host memory first) and, when it spills to the SSD, the spread one."""
@@ -307,6 +313,7 @@ def g10_drafts(profile, hardware, budget_bytes, rule_factor, eager_limit, use_ss
 )
 def plan_g10(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, ssd=True, rule_factor=2.5, eager_limit=0.99,
              fallback=True, recompute=False):
+    started = time.perf_counter()
     use_ssd = ssd and hardware.ssd is not None
     args = (profile, hardware, budget_bytes, rule_factor, eager_limit, use_ssd, fallback)
     drafts = g10_drafts(*args)
@@ -314,6 +321,9 @@ def plan_g10(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS, ssd=Tr
         return drafts[0][0]
     sim = simulator_for(profile, hardware, options)
     best = better_by_simulation(sim, budget_bytes, [d[0] for d in reversed(drafts)])
+    if recompute and options.past(started, RECOMPUTE_SHARE):   # a run with a time limit: it covers g10 too
+        return replace(best, notes={**best.notes, "recompute": f"not tried: G10's drafts took more than "
+                                                               f"{RECOMPUTE_SHARE:.0%} of the time limit"})
     if recompute:
         _, moves, state = next(d for d in drafts if d[0] is best)
         best = recompute_spills(sim, budget_bytes, best, state, moves,

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from simulator.errors import SwapplanError
 
-from ..core.api import score, simulator_for
+from ..core.api import can_meet, score, simulator_for
 from ..core.registry import DEFAULT_OPTIONS, Draft, get_planner, register
 
 # (planner, parameters): g10 recomputes what the link cannot move out in time (never slower than its
@@ -24,6 +24,7 @@ FAST = (("capuchin", {}), ("g10", {"recompute": True}), ("lms", {}), ("flashneur
         ("chen", {}), ("torch-budget", {}))
 SEARCHING = (("swapadvisor", {}), ("joint", {}))                                     # the time left
 DEFAULT_LIMIT_S = 60.0
+FAST_SHARE = 0.3    # once a plan runs, no more fast planners past this share of the limit (issue 53)
 
 
 @register("best", "A portfolio: the fast planners (capuchin, g10 with recompute, lms, flashneuron, vdnn, chen, "
@@ -36,20 +37,31 @@ def plan_best(profile, hardware, budget_bytes, *, options=DEFAULT_OPTIONS) -> Dr
     sim = simulator_for(profile, hardware, options)
     tried: dict[str, object] = {}
     best = None
+    slowest = 0.0   # the slowest fast planner's seconds
     for name, params in FAST + SEARCHING:
         searching = (name, params) in SEARCHING
         left = limit - (time.perf_counter() - started)
-        if searching and left < 1.0:
-            tried[name] = "no time left"
+        if searching and left < 1.0 + slowest:   # a search plans its seeds (fast planners) again first
+            tried[name] = "no time left" if left < 1.0 else f"{left:.1f} s left, under the seeds' {slowest:.1f} s"
+            continue
+        if not can_meet(name, params, profile, hardware, budget_bytes):
+            tried[name] = "cannot meet the budget (its floor is above it)"
+            continue
+        if not searching and best is not None and not best[0][0] and options.past(started, FAST_SHARE):
+            tried[name] = f"not planned: the fast planners had used {FAST_SHARE:.0%} of the time limit"
             continue
         spec = get_planner(name)
         options.say(f"best: {name}" + (f" ({left:.0f} s left)" if searching else ""))
         run = replace(options, simulator=sim, time_limit=left if searching else options.time_limit)
+        began = time.perf_counter()
         try:
             draft = spec.func(profile, hardware, budget_bytes, options=run, **spec.resolve(params))
         except SwapplanError as exc:   # e.g. no optimizer ops for a planner that needs them
             tried[name] = f"no plan: {exc}"[:200]
             continue
+        finally:
+            if not searching:
+                slowest = max(slowest, time.perf_counter() - began)
         result = score(sim, budget_bytes, draft.actions, draft.initial, draft.schedule, draft.cpu_ops, draft.memory,
                        draft.read_mostly, draft.allow_lossy, draft.variants, draft.placement)
         tried[name] = round(result.iteration_us, 3) if result.ok else f"does not fit ({result.rule})"

@@ -77,7 +77,7 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     (not for recomputes, nor in the ``reach`` model, whose positions are its own).
     ``polish``: the plan is polished last (refine.py ``polished``)."""
     started = time.perf_counter()
-    deadline = started + (options.time_limit or DEFAULT_TIME_LIMIT)
+    deadline = options.deadline(started, DEFAULT_TIME_LIMIT)
     sim = simulator_for(profile, hardware, options)
     gap = DEFAULT_GAP if gap is None else gap
     cands = candidates(profile, hardware, budget, window, tiers, reach=reach, far=far)
@@ -102,7 +102,8 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
         backup = fallback()
         notes.update(fallback=f"{len(form.uncovered)} ops over the budget that no interval in the model can "
                               f"relieve (first {form.uncovered[0]!r}): the heuristic plan")
-        return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", notes=notes)
+        return Draft(actions=backup.actions, initial=backup.initial, schedule=backup.schedule, status="heuristic",
+                     notes=notes)
     full_bound = None
     if form.model.num_cols > fix_above:
         form, full_bound = fix_by_relaxation(form, max(1.0, 0.3 * (deadline - time.perf_counter())), options,
@@ -110,7 +111,7 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
         cands = form.cands
     backup = fallback()   # first, so that the time limit covers it
     start_from = fallback(start=True)   # the solver starts from it (the same plan unless ``also`` gave the backup)
-    backup_result = score(sim, budget, backup.actions, backup.initial)
+    backup_result = score(sim, budget, backup.actions, backup.initial, backup.schedule)
     if backup.notes.get("heuristic"):
         notes.update(heuristic=backup.notes["heuristic"])
     if start_from.notes.get("heuristic") != backup.notes.get("heuristic"):
@@ -148,7 +149,8 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
                  mip_gap=solution.gap, model_bound_us=None if solution.bound is None else solution.bound / MS)
     if solution.values is None:
         notes.update(fallback=f"{why_no_solution(form, solution.model_status)}: the heuristic plan")
-        return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", notes=notes)
+        return Draft(actions=backup.actions, initial=backup.initial, schedule=backup.schedule, status="heuristic",
+                     notes=notes)
     if start is not None and same_choices(form, start, solution.values):
         notes.update(improved_start=False)   # the solver's plan is its MIP start's choices (``start`` says whose)
     lowering = time.perf_counter()
@@ -168,7 +170,7 @@ def solve_swap_milp(profile, hardware, budget: int, options: RunOptions, *, tier
     if backup_result.ok and (not result.ok or backup_result.iteration_us < result.iteration_us):   # strictly faster
         notes.update(fallback="the heuristic plan simulated faster than the solver's" if result.ok
                      else "the solver's plan does not run within the budget: the heuristic plan")
-        return Draft(actions=backup.actions, initial=backup.initial, status="heuristic", gap=solution.gap,
+        return Draft(actions=backup.actions, initial=backup.initial, schedule=backup.schedule, status="heuristic", gap=solution.gap,
                      estimate_us=estimate, notes=notes)
     return Draft(actions=best.actions, initial=best.initial, status=solution.status, gap=solution.gap,
                  estimate_us=estimate, notes=notes)

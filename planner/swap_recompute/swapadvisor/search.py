@@ -24,6 +24,7 @@ EVAL_SHARE = 0.5        # the share of the time limit the evaluation budget is p
 NOMINAL_COST = {"c": (0.3, 2.5), "python": (2.0, 40.0)}
 DEFAULT_TIME_LIMIT = 60.0
 SEEDS = "g10,capuchin,lms"
+SEED_SHARE = 0.3        # once a seed is planned, no more seeds after this share of the time limit
 
 
 @dataclass
@@ -55,7 +56,11 @@ def run_seeds(profile, hardware, budget: int, names: list[str], options: RunOpti
               simulator: Simulator) -> tuple[list[Seed], dict]:
     """Each greedy planner's draft at its defaults, scored; failures are noted, not raised."""
     seeds, failed = [], {}
+    started = time.perf_counter()
     for name in names:
+        if seeds and options.past(started, SEED_SHARE):   # the time limit covers the seeds
+            failed[name] = f"not planned: the seeds had used {SEED_SHARE:.0%} of the time limit"
+            continue
         try:
             spec = get_planner(name)
             seeding = RunOptions(seed=options.seed, threads=1, simulator=simulator)
