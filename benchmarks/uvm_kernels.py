@@ -126,9 +126,7 @@ def predict(kernel: Kernel, machine) -> tuple[float, float]:
     from simulator.model.links import PCIE_DOWN
     from simulator.run.uvm_memory import batch_durations, batch_train, first_touch_ps, touch_delay_ps
     uvm = machine.uvm
-    down = machine.link_capacity[PCIE_DOWN]
-    rate = min(down, uvm.fault_down) if uvm.fault_down else down
-    bulk = min(down, uvm.fault_bulk) if uvm.fault_bulk else 0
+    rate, bulk = uvm.paging_rates(machine.link_capacity[PCIE_DOWN])
     big = max(1, uvm.big_page // uvm.page)
 
     def train(tensors: list[int]) -> int:

@@ -18,8 +18,8 @@ from simulator.errors import InputError
 from simulator.hardware import Hardware, load_hardware
 from simulator.plan import Plan
 
-from .bindings import bind, initial_values
-from .train import plan_or_load
+from .bindings import initial_values
+from .train import check_plan_choice, plan_or_load, traced
 from .dp_checks import ATOL, RTOL, check_collectives, check_peaks, compare_tensors
 from .dp_reference import reference_data_parallel
 from .launch import run_ranks
@@ -49,12 +49,8 @@ def train_distributed(model: str, *, world: int, strategy: str, planner: str | N
     plan the simulator refuses, RuntimeFailure when a rank breaks.
     """
     from shard import STRATEGIES, shard_profile
-    from tracer.pytorch.trace import trace
 
-    if (plan is None) == (planner is None):
-        raise InputError("<argument>", "plan", "give a planner (with a budget) or a plan, not both")
-    if planner is not None and budget is None:
-        raise InputError("<argument>", "budget", f"planner {planner!r} needs a budget (8GiB, 60%)")
+    check_plan_choice(plan, planner, budget)
     if strategy not in STRATEGIES:
         raise InputError("<argument>", "strategy", f"unknown strategy {strategy!r}; expected one of "
                                                    f"{', '.join(STRATEGIES)}")
@@ -64,9 +60,8 @@ def train_distributed(model: str, *, world: int, strategy: str, planner: str | N
     notes = notes if notes is not None else []
     hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware or DEFAULT_HARDWARE)
     started = time.perf_counter()
-    one_gpu = trace(model, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer, hardware=hw,
-                    gpu_kernels=gpu_kernels, runtime=True)
-    bindings = bind(model, one_gpu)
+    one_gpu, bindings = traced(model, hw, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer,
+                               gpu_kernels=gpu_kernels)
     rank_profile = shard_profile(one_gpu, strategy, world, wrap=wrap)
     rmap = rank_map(one_gpu, rank_profile, world)
     trace_s = time.perf_counter() - started

@@ -17,6 +17,22 @@ from .bindings import Values, bind, initial_values
 from .interpreter import PlanRefused, PlannedInterpreter, reference_step
 
 
+def check_plan_choice(plan, planner: str | None, budget) -> None:
+    """A run follows a planner's plan within a budget, or a given plan: InputError otherwise."""
+    if (plan is None) == (planner is None):
+        raise InputError("<argument>", "plan", "give a planner (with a budget) or a plan, not both")
+    if planner is not None and budget is None:
+        raise InputError("<argument>", "budget", f"planner {planner!r} needs a budget (8GiB, 60%)")
+
+
+def traced(model: str, hw: Hardware, *, batch, seq, dtype: str, optimizer: str, gpu_kernels: bool):
+    """The model's profile on ``hw``, traced as the runtime runs it, and its bindings."""
+    from tracer.pytorch.trace import trace
+    profile = trace(model, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer, hardware=hw,
+                    gpu_kernels=gpu_kernels, runtime=True)
+    return profile, bind(model, profile)
+
+
 def train(model: str, *, planner: str | None = None, budget: str | int | None = None,
           plan: str | Plan | None = None, steps: int = 1, batch: int | None = None, seq: int | None = None,
           hardware: str | Hardware | None = None, dtype: str = "fp32", optimizer: str = "adamw",
@@ -38,12 +54,9 @@ def train(model: str, *, planner: str | None = None, budget: str | int | None = 
     """
     import torch
 
-    from tracer.pytorch.trace import DEFAULT_HARDWARE, trace
+    from tracer.pytorch.trace import DEFAULT_HARDWARE
 
-    if (plan is None) == (planner is None):
-        raise InputError("<argument>", "plan", "give a planner (with a budget) or a plan, not both")
-    if planner is not None and budget is None:
-        raise InputError("<argument>", "budget", f"planner {planner!r} needs a budget (8GiB, 60%)")
+    check_plan_choice(plan, planner, budget)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise InputError("<argument>", "steps", f"must be a whole number >= 1, got {steps!r}")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -51,9 +64,8 @@ def train(model: str, *, planner: str | None = None, budget: str | int | None = 
     notes = notes if notes is not None else []
     hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware or DEFAULT_HARDWARE)
     started = time.perf_counter()
-    profile = trace(model, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer, hardware=hw,
-                    gpu_kernels=gpu_kernels, runtime=True)
-    bindings = bind(model, profile)
+    profile, bindings = traced(model, hw, batch=batch, seq=seq, dtype=dtype, optimizer=optimizer,
+                               gpu_kernels=gpu_kernels)
     trace_s = time.perf_counter() - started
 
     started = time.perf_counter()

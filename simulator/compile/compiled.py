@@ -62,6 +62,12 @@ class UvmMachine:
     fault_bulk: int = 0        # R31: the copy rate past an item's first ``fault_ramp`` bytes (0: none)
     fault_ramp: int = 0
 
+    def paging_rates(self, down: int) -> tuple[int, int]:
+        """R31: the rates (bytes/s) fault batches copy at over a link of ``down`` bytes/s:
+        within the ramp (the slower of ``fault_down`` and the link) and past it (0: none)."""
+        return (min(down, self.fault_down) if self.fault_down else down,
+                min(down, self.fault_bulk) if self.fault_bulk else 0)
+
 
 def compile_machine(hardware: Hardware) -> Machine:
     """R17, R18: the machine with its links' capacities and the routes of each kind of

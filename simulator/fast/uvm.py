@@ -69,13 +69,13 @@ def pack(compiled: CompiledProfile, program: Program, machine: Machine) -> tuple
     arrays = program.seq.uvm.arrays     # the sequence's arrays (simulator/compile/uvm.py)
     uvm = machine.uvm
     down = machine.link_capacity[PCIE_DOWN]
+    rate, bulk = uvm.paging_rates(down)
     packed_machine = (uvm.block, uvm.fault_latency_ps, uvm.batch_blocks, machine.link_capacity[PCIE_DOWN],
                       machine.link_capacity[PCIE_UP], machine.route("prefetch", "host").latency_ps,
                       machine.route("offload", "host").latency_ps, machine.host_bytes,
                       uvm.page if uvm.page else uvm.block, max(1, uvm.big_page // uvm.page) if uvm.page else 1,
                       uvm.batch_faults if uvm.page else max(1, uvm.batch_blocks), uvm.threshold if uvm.page else 100,
-                      min(down, uvm.fault_down) if uvm.fault_down else down, uvm.kernel_fault_ps, uvm.first_touch_ps,
-                      min(down, uvm.fault_bulk) if uvm.fault_bulk else 0, uvm.fault_ramp)
+                      rate, uvm.kernel_fault_ps, uvm.first_touch_ps, bulk, uvm.fault_ramp)
     tensors = (compiled.arrays[0], compiled.arrays[1], compiled.arrays[15])
     return arrays, _program(program, compiled), tensors, packed_machine
 

@@ -169,8 +169,7 @@ class UvmMemory:
         self.big_pages = max(1, (uvm.big_page if uvm.big_page else self.page) // self.page)
         self.batch_faults = uvm.batch_faults if uvm.page else max(1, uvm.batch_blocks)
         self.threshold = uvm.threshold if uvm.page else 100
-        self.fault_down = min(down, uvm.fault_down) if uvm.fault_down else down   # R31: the paging rate
-        self.fault_bulk = min(down, uvm.fault_bulk) if uvm.fault_bulk else 0        # ... past the ramp
+        self.fault_down, self.fault_bulk = uvm.paging_rates(down)   # R31: the paging rates, within and past the ramp
         self.fault_ramp = uvm.fault_ramp
         self.kernel_fault_ps = uvm.kernel_fault_ps
         self.block_batch: list[int] = []             # fault_blocks: per block faulted, its last batch

@@ -263,11 +263,6 @@ def best_heuristic(profile, hardware, budget: int, heuristics: tuple[tuple[str, 
             ran[n] = run_member(name, params)
         return ran[n]
 
-    def planned_anyway(member: tuple[str, dict]) -> tuple:
-        if -1 not in ran:
-            ran[-1] = run_member(*member)
-        return ran[-1]
-
     def draft(start: bool = False):
         best = None
         pool = heuristics + tuple(h for h in last_resort if h not in heuristics)
@@ -278,7 +273,7 @@ def best_heuristic(profile, hardware, budget: int, heuristics: tuple[tuple[str, 
             if found is not None and (best is None or found[0] < best[0]):
                 best = found
         if best is None:    # none can meet the budget: the first plans all the same (the solver says why)
-            best = planned_anyway(heuristics[0])
+            best = ran[0] = run_member(*heuristics[0])
         _, name, chosen = best
         return replace(chosen, notes={**chosen.notes, "heuristic": name})
     return draft
