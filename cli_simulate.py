@@ -36,7 +36,7 @@ def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, alloc
     Exit status: 0 valid and feasible, 1 invalid or infeasible (the report is still
     printed), 2 bad input.
     """
-    from planner.shared.bound import bound_fields, lower_bound
+    from planner.shared.bound import bound_fields, lower_bound, run_by
     from simulator.api import simulate as run_simulation
     from simulator.plan import empty_plan
     from simulator.plot import plot_memory
@@ -60,7 +60,7 @@ def simulate(profile, plan, hardware_name, budget, timeline_out, plot_out, alloc
     # recompute, move weights and choose variants: the most general bound applies
     kind = loaded_plan.planner.bound if loaded_plan.planner is not None and loaded_plan.planner.bound else ""
     general = not kind.startswith("swap")
-    bound = bound_fields(lower_bound(loaded, hardware, result.budget_bytes,
+    bound = bound_fields(lower_bound(run_by(loaded, loaded_plan), hardware, result.budget_bytes,
                                      recompute=general or "recompute" in kind,
                                      moves_persistent=general or "persistent" in kind,
                                      cpu_ops=loaded_plan.uses_cpu, uvm=loaded_plan.uvm,

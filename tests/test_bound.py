@@ -181,3 +181,86 @@ def test_no_swap_or_recompute_plan_beats_the_swap_and_recompute_bound(scenario):
     result = Simulator(profile, hw).simulate(plan, budget)
     if result.ok:
         assert result.iteration_us >= lower_bound(profile, hw, budget, recompute=True).iteration_us - 1e-6
+
+
+@st.composite
+def weight_moves(draw):
+    """(profile, plan, machine, budget): a swap-and-recompute scenario whose plan also moves
+    weights, some across an idle gap, some started in host memory (prefetched before their
+    first use, dropped or written back after their last)."""
+    profile, plan, hw, _ = draw(scenarios())
+    ops = profile.ops
+    actions, initial = list(plan.actions), {}
+    for w in [t.id for t in profile.tensors if t.persistent]:
+        touches = [i for i, op in enumerate(ops) if w in op.inputs or w in op.outputs or w in op.updates]
+        how = draw(st.sampled_from(["stay", "gap", "initial"]))
+        if how == "gap" and idle_gaps(profile, w):
+            actions += swap_plan(profile, [w], lead=draw(st.integers(0, 2))).actions
+        elif how == "initial" and touches:
+            initial[w] = "host"
+            first, last = touches[0], touches[-1]
+            updated = any(w in ops[i].updates for i in touches)
+            actions += [prefetch(w, None, ops[first].id, "host"),
+                        offload(w, ops[last].id, "host") if updated else drop(w, ops[last].id)]
+    plan = Plan(plan.profile_name, tuple(actions), profile_sha256=plan.profile_sha256, initial=initial)
+    # the budget the plan itself needs, or a little more: where the bound argues most
+    needs = Simulator(profile, hw).simulate(plan, hw.gpu.memory_bytes).peak_bytes
+    return profile, plan, hw, draw(st.integers(needs, needs + 20))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(weight_moves())
+def test_no_plan_that_moves_weights_beats_the_persistent_bound(scenario):
+    """Weights off the GPU at an op come back down after it (docs/planners.md): random plans
+    that move weights, swap and recompute never beat the +persistent bound, nor the two-op
+    argument within it."""
+    profile, plan, hw, budget = scenario
+    result = Simulator(profile, hw).simulate(plan, budget)
+    if result.ok:
+        bound = lower_bound(profile, hw, budget, recompute=True, moves_persistent=True)
+        assert bound.feasible and result.iteration_us >= bound.iteration_us - 1e-6
+
+
+def _out_early_back_late():
+    """x (50 B) is made first and used last; y and u (200 B each) fill the 200 B budget
+    between, so x is away from o2 to o5: it must leave before o2 and come back after o5."""
+    tensors = {"x": (50, "activation"), "y": (200, "activation"), "u": (200, "activation")}
+    ops = [("o1", "forward", 10.0, [], ["x"], [], 0), ("o2", "forward", 10.0, [], ["y"], [], 0),
+           ("o3", "forward", 1000.0, ["y"], [], [], 0), ("o4", "backward", 10.0, [], ["u"], [], 0),
+           ("o5", "backward", 0.0, ["u"], [], [], 0), ("o6", "backward", 10.0, ["x"], [], [], 0)]
+    return make_profile(tensors, ops, "out-early-back-late")
+
+
+def test_two_ops_add_the_copies_out_before_one_and_back_after_another():
+    # Ideal 1040 us. At o2, x (50 B, made by o1 by 10 us) must be away: o2 starts at 10 + 50
+    # = 60 at the earliest, 50 us late. At o5 it is still away, and comes back after o5
+    # starts (50 us) before o6 (10 us) runs: the end is at least 60 after o5 starts, where
+    # 10 us of compute were left: 50 us late. Each op alone says 1090 us; together the two
+    # delays add, since o2 .. o4 run between them: 1040 + 50 + 50 = 1140 us, what the plan
+    # (offload x after o1, prefetch it after o5) takes.
+    profile = _out_early_back_late()
+    bound = lower_bound(profile, HW, 200, recompute=False)
+    assert (bound.iteration_us, bound.op, bound.with_op) == (1140.0, "o5", "o2")
+    plan = Plan(profile.name, (offload("x", "o1"), prefetch("x", "o5", "o6")))
+    assert Simulator(profile, HW).simulate(plan, 200).iteration_us == pytest.approx(1140.0)
+    # o1 may run again instead (10 us, no inputs): dropped after o1 and recomputed before o6
+    bound = lower_bound(profile, HW, 200, recompute=True)
+    assert bound.iteration_us == 1050.0 and bound.with_op is None
+    plan = Plan(profile.name, (drop("x", "o1"), recompute("x", "o6")))
+    assert Simulator(profile, HW).simulate(plan, 200).iteration_us == pytest.approx(1050.0)
+
+
+def test_weights_off_the_gpu_come_back_down():
+    # w (60 B, read by o3 only) must be away while y (100 B) lives, o1 and o2: 60 B over a
+    # 100 B budget. Started in host memory, w need not cross the up link, but it comes down
+    # after o2 starts (60 us) before o3 (10 us) runs: 10 + max(10, 60 + 10) = 80 us, what the
+    # plan (w in host memory, prefetched after o2, dropped after o3) takes. Counted as free to move, w made
+    # the bound the ideal, 20 us.
+    tensors = {"w": (60, "weight"), "y": (100, "activation")}
+    ops = [("o1", "forward", 10.0, [], ["y"], [], 0), ("o2", "forward", 0.0, ["y"], [], [], 0),
+           ("o3", "backward", 10.0, ["w"], [], [], 0)]
+    profile = make_profile(tensors, ops, "weights-come-back")
+    bound = lower_bound(profile, HW, 100, recompute=True, moves_persistent=True)
+    assert (bound.iteration_us, bound.op) == (80.0, "o2")
+    plan = Plan(profile.name, (prefetch("w", "o2", "o3"), drop("w", "o3")), initial={"w": "host"})
+    assert Simulator(profile, HW).simulate(plan, 100).iteration_us == pytest.approx(80.0)

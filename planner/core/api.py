@@ -12,6 +12,7 @@ from simulator.hardware import Hardware
 from simulator.model.budget import check_budget
 from simulator.plan import Plan, PlannerInfo
 from simulator.profile import Profile
+from simulator.profile.order import in_order
 from simulator.result import Result
 
 from ..shared.bound import Bound, bound_fields, lower_bound
@@ -87,6 +88,7 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     if splits:
         draft.notes["splits"] = f"{len(splits)} ops run in {next(iter(splits.values()))} chunks (R54): {why_split}"
     profile = sim.split(plan)[0].profile if plan.splits else profile   # the profile the plan's actions name
+    profile = in_order(profile, plan.schedule)   # the bound argues in the order the plan runs (R21)
     # the bound of the plan's kind: what the planner declares, and what its plan does (a fallback's plan
     # may do more), so that no plan is ever below its own bound
     recomputes, moves_persistent = _what_it_does(profile, plan)

@@ -62,13 +62,31 @@ added to the two maxima above (each side is the larger of its terms). The expres
 stays convex and piecewise linear in S.
 
 Where weights and optimizer state may move too (planners that place them off the GPU),
-their idle bytes at p are counted as free to move (a relaxation again), and they take no
-host memory in the argument (they may start on the SSD). The bound holds for every plan
-that keeps the profile's op order; it ignores contention between offloads of different
-ops.
+an idle one at p that is used after p and is off the GPU at p comes back down after p
+starts, before that use (no op runs on a tensor that is not resident, R13), so its
+bytes W join S on the down link; it needs no copy out (it may start in host memory,
+R20's ``initial``), so only S - W bytes cross the up link: the copies out end at
+min(F_p + lat, A_p) + (S - W) / up at the earliest (the min keeps the expression convex
+where S <= W), and the copies back end before the latest use of a weight, so T is the
+smaller of T_p and the compute from there. One used no more after p is free to move
+(it leaves the excess). They take no host memory in the argument (they may start on
+the SSD).
+
+Two ops (the two-op argument). For ops p before q, p's start is delayed by its copies
+out, and the end by q's copies back; the ops from p to q run between the two, so
+
+    iteration >= max(A_p, F_p + lat + S_p / up) + (A_q - A_p) + max(C_q + recompute_time(R_q), lat + S_q / down + T_q)
+
+with S_p at least what p cannot recompute (its recomputes are left out: they only add)
+and S_q chosen as for q alone. It adds the stalls of a forward that cannot send its
+activations out fast enough and of a backward that cannot bring them back in time
+(VGG-16 b1024 at 30%: 175 ms before o7, 142 ms after o87/1).
+
+The bound holds for every plan that keeps the profile's op order; it ignores contention
+between offloads of different ops.
 What it still leaves out, each a relaxation: the memory a recompute needs while it runs
 (the producer's inputs, R15's scratch), that a tensor moves whole, and that one plan must
-serve every op at once (each op is argued alone).
+serve every op at once (each op, or pair of ops, is argued alone).
 """
 from __future__ import annotations
 
@@ -80,7 +98,9 @@ import numpy as np
 from simulator.hardware import Hardware
 from simulator.model.links import collective_us, link_speed, transfer_links
 from simulator.model.recompute import recomputable_until
+from simulator.model.splits import split_profile
 from simulator.profile import Profile
+from simulator.profile.order import in_order, order_violation
 
 from .facts import fastest_time_us, least_workspace, op_start_us
 
@@ -96,6 +116,7 @@ class Bound:
     applies: bool = True      # False: the plan does what the argument leaves out (``outside``)
     uvm: bool = False         # a UVM plan (R30-R37): the bound is the ideal time
     outside: str = "ops on the CPU"   # what the argument leaves out, when it does not apply
+    with_op: str | None = None   # the two-op argument: the earlier op, whose copies out delay ``op``
 
     @property
     def kind(self) -> str:
@@ -168,6 +189,7 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
     spill = _Spill.of(hardware)
     tensors = profile.tensor_by_id
     persistent = profile.persistent_bytes
+    needed_after, persistent_tail = _persistent_uses(profile, starts) if moves_persistent else (None, 0.0)
     where = None
     candidates = []
     first_end, tail = _copy_windows(profile, starts)
@@ -176,38 +198,63 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
         if excess <= 0:
             continue
         touched = set(op.inputs) | set(op.outputs) | set(op.updates)
-        touched_persistent = sum(tensors[t].bytes for t in touched if tensors[t].persistent)
         touched_live = sum(tensors[t].bytes for t in touched if not tensors[t].persistent)
         # live non-persistent bytes p does not touch: the resident set less weights,
         # workspace and what p reads, writes or makes
         movable = profile.resident_bytes[p] - persistent - op.workspace_bytes - touched_live
+        back_tail, returning = tail[p], 0
         if moves_persistent:
-            excess -= persistent - touched_persistent
+            # idle weights and optimizer state: those used after p come back down after p, the others are free
+            returning = needed_after[p] - sum(tensors[t].bytes for t in touched
+                                              if tensors[t].persistent and needed_after.used_after(t, p))
+            idle = persistent - sum(tensors[t].bytes for t in touched if tensors[t].persistent)
+            excess -= idle - returning
+            movable += returning
+            if returning:
+                back_tail = min(back_tail, persistent_tail)
             if excess <= 0:
                 continue
         if movable < excess:
             return Bound(float("inf"), op.id, recompute, moves_persistent, feasible=False)
-        # the copies out start after the earliest producer of a tensor live at p has ended;
-        # the last copy back lands before the latest use of one, and the ops from there run after it
-        lags = (first_end[p] + out_latency, back_latency + tail[p])
-        swap_only = _expression(starts[p], ideal - starts[p], excess, 0.0, *lags, up, down,
-                                spill.at(first_end[p], tail[p]))
-        candidates.append((swap_only, p, excess, touched, lags))
-    candidates.sort(key=lambda c: -c[0])
+        # the copies out start after the earliest producer of a tensor live at p has ended (weights need
+        # none: they may start in host memory); the last copy back lands before the latest use of one,
+        # and the ops from there run after it
+        out_lag = first_end[p] + out_latency
+        if returning:   # no copy out before p for its first ``returning`` bytes: S - W of them at least cross
+            out_lag = min(out_lag, starts[p]) - returning / up
+        lags = (out_lag, back_latency + back_tail)
+        room = spill.at(first_end[p], back_tail).beside(returning)
+        swap_only = _expression(starts[p], ideal - starts[p], excess, 0.0, *lags, up, down, room)
+        candidates.append(_Candidate(swap_only, p, excess, touched, lags, room))
+    candidates.sort(key=lambda c: -c.swap_only)
     lives = _Lifetimes(profile, times) if recompute and candidates else None
-    for swap_only, p, excess, touched, lags in candidates:
-        if swap_only <= best:
+    for c in candidates:
+        if c.swap_only <= best:
             break   # the recompute variant of this op and every later one is no larger
-        value = swap_only
+        value = c.swap_only
         if recompute:
-            ratio, size = lives.idle_at(p, touched)
-            if ideal + _recompute_all_us(ratio, size, excess) <= best:
+            ratio, size = lives.idle_at(c.p, c.touched)
+            if ideal + _recompute_all_us(ratio, size, c.excess) <= best:
                 continue   # no larger than recomputing the whole excess (S = 0), which does not beat best
-            value = _with_recompute(ratio, size, starts[p], ideal - starts[p], excess, *lags, up, down,
-                                    spill.at(first_end[p], tail[p]))
+            value = _with_recompute(ratio, size, starts[c.p], ideal - starts[c.p], c.excess, *c.lags, up, down,
+                                    c.room)
         if value > best:
-            best, where = value, profile.ops[p].id
-    return Bound(best, where, recompute, moves_persistent)
+            best, where = value, profile.ops[c.p].id
+    two = _two_ops(candidates, starts, lives, up, down, best - ideal)
+    earlier = None
+    if two is not None and ideal + two[0] > best:
+        best, earlier, where = ideal + two[0], profile.ops[two[1]].id, profile.ops[two[2]].id
+    return Bound(best, where, recompute, moves_persistent, with_op=earlier)
+
+
+def run_by(profile: Profile, plan) -> Profile:
+    """The profile a plan runs, for its bound: in chunks where it splits ops (R54) and in
+    its schedule's order (R21), since the argument reasons from op positions (a schedule
+    that breaks R21 leaves the order as it is: that plan is invalid, and has no time)."""
+    profile = split_profile(profile, plan.splits, plan.origin)
+    if plan.schedule is None or order_violation(profile, plan.schedule) is not None:
+        return profile
+    return in_order(profile, plan.schedule)
 
 
 def collectives_us(profile: Profile, hardware: Hardware) -> float:
@@ -243,6 +290,16 @@ class _Spill:
         if self.host == float("inf"):
             return self
         return _Spill(self.host, first_end + self.out_latency, self.back_latency + tail, self.write, self.read)
+
+    def beside(self, weights: float) -> "_Spill":
+        """With ``weights`` bytes of weights and optimizer state among the swapped ones:
+        they take no host memory (they may start on the SSD), so the spill begins later."""
+        return self if not weights else _Spill(self.host + weights, self.out_latency, self.back_latency,
+                                               self.write, self.read)
+
+    def without_out(self) -> "_Spill":
+        """The same with the SSD's copies out never binding (the back side alone)."""
+        return _Spill(self.host, -_FAR, self.back_latency, self.write, self.read)
 
 
 _NO_SPILL = _Spill(float("inf"), 0.0, 0.0, 1.0, 1.0)
@@ -286,6 +343,117 @@ def _copy_windows(profile: Profile, starts) -> tuple[list, list]:
     first_end = [starts[min(earliest[p], p) + 1] if earliest[p] <= p else 0.0 for p in range(n)]
     tail = [ideal - starts[latest[p]] if latest[p] >= p else 0.0 for p in range(n)]
     return first_end, tail
+
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """An op over the budget: its swap-only value, position, excess, the tensors it
+    touches, the lags of its copies (out, back) and what spills past host memory cost."""
+    swap_only: float
+    p: int
+    excess: float
+    touched: set
+    lags: tuple
+    room: "_Spill"
+
+
+class _PersistentUses:
+    """Which weights and optimizer state are used after each op: ``self[p]`` the bytes of
+    those used after op p (off the GPU at p, they come back down after p), for the
+    persistent part of the argument."""
+
+    def __init__(self, profile: Profile):
+        self.last = {}
+        for i, op in enumerate(profile.ops):
+            for t in (*op.inputs, *op.outputs, *op.updates):
+                if profile.tensor_by_id[t].persistent:
+                    self.last[t] = i
+        n = len(profile.ops)
+        after = [0] * (n + 1)      # after[i]: bytes of persistent tensors last used at op i
+        for t, i in self.last.items():
+            after[i] += profile.tensor_by_id[t].bytes
+        self.after = [0] * n
+        running = 0
+        for i in range(n - 1, -1, -1):
+            self.after[i] = running   # last used after op i
+            running += after[i]
+
+    def __getitem__(self, p: int) -> int:
+        return self.after[p]
+
+    def used_after(self, tensor: str, p: int) -> bool:
+        return self.last.get(tensor, -1) > p
+
+
+def _persistent_uses(profile: Profile, starts) -> tuple[_PersistentUses, float]:
+    """The persistent uses and the ideal compute from the latest use of a persistent
+    tensor to the end (a weight back by prefetch is back before that op at the latest)."""
+    uses = _PersistentUses(profile)
+    latest = max(uses.last.values(), default=len(profile.ops) - 1)
+    return uses, starts[-1] - starts[latest]
+
+
+def _two_ops(candidates: list, starts, lives, up: float, down: float, floor: float):
+    """The two-op argument (module docstring): the most by which the copies out before an op
+    p and the copies back after a later op q delay the iteration together, as (stall, p, q);
+    None when it cannot exceed ``floor`` (what the one-op argument already gives)."""
+    if len(candidates) < 2:
+        return None
+    ideal = starts[-1]
+    by_position = sorted(candidates, key=lambda c: c.p)
+    # upper bounds first: swap alone on each side (recomputing only lowers both)
+    outs = [max(0.0, _out_end(c, c.excess, up) - starts[c.p]) for c in by_position]
+    backs = [max(0.0, _back_end(c, c.excess, down) - (ideal - starts[c.p])) for c in by_position]
+    ahead = list(accumulate(outs, max))
+    if max((ahead[i - 1] + backs[i] for i in range(1, len(by_position))), default=0.0) <= floor:
+        return None
+    # the earliest copies out: p's own least bytes to swap (the excess less what may be recomputed)
+    out_stall = []
+    for c, bound_out in zip(by_position, outs):
+        if bound_out <= 0 or lives is None:
+            out_stall.append(bound_out)
+            continue
+        _, size = lives.idle_at(c.p, c.touched)
+        least = max(0.0, c.excess - float(size.sum()))
+        out_stall.append(max(0.0, _out_end(c, least, up) - starts[c.p]) if least > 0 else 0.0)
+    best, found, lead, lead_at = floor, None, 0.0, None
+    for i, c in enumerate(by_position):
+        if lead_at is not None and lead + backs[i] > best:
+            back = backs[i]
+            if lives is not None:   # the least over S of the copies back against the compute and recomputes after q
+                ratio, size = lives.idle_at(c.p, c.touched)
+                back = _with_recompute(ratio, size, starts[c.p], ideal - starts[c.p], c.excess, -_FAR, c.lags[1],
+                                       up, down, c.room.without_out()) - ideal
+            if lead + back > best:
+                best, found = lead + back, (lead + back, lead_at, c.p)
+        if out_stall[i] > lead:
+            lead, lead_at = out_stall[i], c.p
+    return found
+
+
+_FAR = 1e30   # a lag that never binds
+
+
+def _out_end(c: _Candidate, swapped: float, up: float) -> float:
+    """When ``swapped`` bytes can have left for op c at the earliest (host and SSD)."""
+    if swapped <= 0:
+        return 0.0
+    end = c.lags[0] + swapped / up
+    if swapped > c.room.host:
+        end = max(end, c.room.out_latency + (swapped - c.room.host) / c.room.write)
+    return end
+
+
+def _back_end(c: _Candidate, swapped: float, down: float) -> float:
+    """How long after op c starts ``swapped`` bytes can be back at the earliest, the ops
+    after the last of them included."""
+    if swapped <= 0:
+        return 0.0
+    end = c.lags[1] + swapped / down
+    if swapped > c.room.host:
+        end = max(end, c.room.back_latency + (swapped - c.room.host) / c.room.read)
+    return end
 
 
 class _Lifetimes:

@@ -40,6 +40,16 @@ def order_violation(profile: Profile, order: Iterable[str]) -> tuple[str, str | 
     return None
 
 
+def in_order(profile: Profile, order) -> Profile:
+    """The profile with its ops in ``order`` (a plan's schedule, R21, already checked): what
+    the plan runs, so that what is argued from op positions (the lower bound) argues about
+    its order. The profile itself when ``order`` is None or its own."""
+    if order is None or list(order) == [op.id for op in profile.ops]:
+        return profile
+    return Profile(profile.name, profile.tensors, tuple(profile.ops[profile.op_index[o]] for o in order),
+                   profile.source, profile.origin)
+
+
 def schedule_problem(profile: Profile, order) -> str | None:
     """Why ``order`` is not a permutation of the profile's op ids (an unknown, repeated or
     missing op), or None."""
