@@ -220,3 +220,24 @@ def test_lp_guided_fixing_reduces_the_model_and_reports_the_full_models_bound(tr
     assert notes["model_bound_us"] == pytest.approx(notes["lp_bound_us"])
     assert notes["model_bound_us"] <= whole_notes["model_objective_us"] * (1 + 1e-9)
     assert notes["reduced_model_bound_us"] >= notes["model_bound_us"] * (1 - 1e-9)
+
+
+def test_a_solve_interrupts_itself_once_past_its_limit(monkeypatch):
+    """HiGHS's root cut rounds can outrun its time limit on a busy machine: the solve's
+    callbacks interrupt it OVERRUN_S after the limit, keeping what it has. Here the clock
+    jumps an hour once the solve starts, so the first check interrupts a 100 s solve."""
+    from planner.shared import highs
+
+    rng = np.random.default_rng(3)
+    model = highs.Model()
+    n = 40
+    first = model.add_vars(n, upper=1.0, cost=0.0, integer=True)
+    model.cost[first:first + n] = list(-rng.integers(10, 99, n).astype(float))
+    for _ in range(6):
+        model.add_row(list(range(first, first + n)), list(rng.integers(1, 60, n).astype(float)), upper=300.0)
+    clock = iter(itertools.chain([0.0], itertools.repeat(3600.0)))
+    monkeypatch.setattr(highs.time, "perf_counter", lambda: next(clock))
+    solution = model.solve(100.0, 1, 0, 0.0)
+    assert "interrupt" in solution.model_status.lower()
+    monkeypatch.undo()
+    assert model.solve(100.0, 1, 0, 0.0).model_status == "Optimal"   # no interrupt within the limit
