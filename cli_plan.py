@@ -28,8 +28,9 @@ from cli_text import print_comparison, print_result
 @click.option("--time-limit", type=click.FloatRange(min=0.1, max=86400.0), default=None,
               help="Seconds a searching planner (ILP, genetic) may take; it then returns its best plan "
                    "[default: the planner's own, 60 s for the ILPs].")
-@click.option("--threads", type=click.IntRange(0, 1024), default=0, show_default=True,
-              help="Threads for solvers (0: every core).")
+@click.option("--threads", type=click.IntRange(0, 1024), default=1, show_default=True,
+              help="Threads for solvers (0: every core). One by default, as compare runs them: HiGHS's "
+                   "parallel search proved less in the same time on two cores (docs/ilp.md).")
 @click.option("--gap", type=click.FloatRange(0.0, 1.0), default=None,
               help="For the ILP planners: stop once the plan is proven within this relative gap "
                    "(same as --param gap=G).")
