@@ -97,6 +97,23 @@ def _write_file(storage, path: str) -> None:
     _storage_bytes(storage.clone()).numpy().tofile(path)
 
 
+# ops that read only their first argument's shape, dtype and strides (``_value``)
+SHAPE_ONLY = frozenset(f"aten.{name}.default" for name in (
+    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "new_empty", "new_zeros",
+    "new_ones", "new_full"))
+
+
+def _has_meta(node) -> bool:
+    return hasattr(node, "meta") and node.meta.get("tensor_meta") is not None
+
+
+def _stand_in(node):
+    """An uninitialised tensor with the traced shape, dtype and strides of ``node``'s value."""
+    import torch
+    meta = node.meta["tensor_meta"]
+    return torch.empty_strided(tuple(meta.shape), tuple(meta.stride), dtype=meta.dtype)
+
+
 class PlannedInterpreter:
     """Runs steps of ``bindings``' graph following ``plan`` (None: the empty plan, every
     tensor stays on the GPU), within ``budget_bytes`` (None: the plan's, else the
@@ -491,13 +508,23 @@ class PlannedInterpreter:
             return value
         if node in self.kernel_nodes or node.op != "call_function":
             raise RuntimeFailure(f"graph node {node.name} is needed before the op that runs it")
-        args, kwargs = self._args(node, None)
+        if str(node.target) in SHAPE_ONLY and node.args:
+            # reads only its first argument's shape, dtype and strides: the profile records no
+            # dependency on it (a dropout mask's empty_like of the attention probabilities), so a
+            # schedule (R21) may run it first; the traced metadata stands in for a value not made yet
+            if node.args[0] in env or not _has_meta(node.args[0]):
+                args, kwargs = self._args(node, None)
+            else:
+                rest, kwargs = self._args(node, None, skip_first=True)
+                args = [_stand_in(node.args[0]), *rest]
+        else:
+            args, kwargs = self._args(node, None)
         value = node.target(*args, **kwargs)
         env[node] = value
         self.temps.append((node, None))
         return value
 
-    def _args(self, node, slot):
+    def _args(self, node, slot, skip_first: bool = False):
         from torch.fx import Node
 
         def conv(a):
@@ -513,7 +540,7 @@ class PlannedInterpreter:
             if slot is not None and isinstance(a, (list, tuple)):
                 return [conv(a[slot])]          # one element of a foreach list
             return conv(a)
-        return [top(a) for a in node.args], {k: top(v) for k, v in node.kwargs.items()}
+        return [top(a) for a in node.args[1 if skip_first else 0:]], {k: top(v) for k, v in node.kwargs.items()}
 
     def _run_op(self, binding) -> None:
         import torch

@@ -27,7 +27,7 @@ from runtime.train import _differences  # noqa: E402
 from simulator.errors import InputError  # noqa: E402
 from simulator.hardware import load_hardware  # noqa: E402
 from simulator.plan import Plan, offload, plan_json  # noqa: E402
-from simulator.profile import (FX_REWRITES, INPUT_ROLES, profile_bytes, profile_from_dict,  # noqa: E402
+from simulator.profile import (FX_REWRITES, INPUT_ROLES, order_violation, profile_bytes, profile_from_dict,  # noqa: E402
                                profile_sha256)
 from tracer.pytorch.trace import trace  # noqa: E402
 
@@ -343,3 +343,20 @@ def test_train_command_with_a_plan_file_and_refusals(tmp_path):
     assert refused.exit_code == 1 and "plan refused" in refused.stderr
     usage = CliRunner().invoke(app, ["train", b.spec], obj={})
     assert usage.exit_code == 2
+
+
+def test_a_dropout_mask_made_before_the_tensor_it_is_shaped_like():
+    """A dropout mask is empty_like(attention probabilities) filled by bernoulli_: the profile
+    records no dependency on the probabilities (only their shape is read), so a schedule may
+    make the mask first (swapadvisor did, on blocks at 60%). The runtime shapes it from the
+    trace's metadata and the step stays bit-equal."""
+    b = bound("blocks")
+    ops = b.profile.ops
+    k = next(k for k in range(1, len(ops)) if ops[k].name == "aten::bernoulli_" and not ops[k].inputs
+             and ops[k - 1].name == "aten::_safe_softmax")
+    order = [op.id for op in ops]
+    order[k - 1], order[k] = order[k], order[k - 1]
+    assert order_violation(b.profile, order) is None
+    plan = Plan(profile_name=b.profile.name, profile_sha256=profile_sha256(b.profile), schedule=tuple(order))
+    interpreter, report, differences = b.run(plan)
+    assert not differences and report.peak_bytes == interpreter.result.peak_bytes
