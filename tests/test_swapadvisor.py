@@ -252,31 +252,3 @@ def test_a_failing_seed_is_noted_and_the_search_goes_on(transformer):
     draft = plan_swapadvisor(transformer, HW, int(transformer.peak_bytes * 0.6), options=RunOptions(seed=1),
                              generations=2, population=6, seeds="lms,no-such-planner")
     assert "no-such-planner" in draft.notes["seed_failures"] and "lms" in draft.notes["seeds"]
-
-
-def test_a_weight_first_evicted_after_a_use_may_start_in_host_memory():
-    """w (40 B) is read by o0 and o3; y (60 B), made by o1 and read by o2, leaves no room
-    for it in 80 B: its gap o0 -> o3 is evicted. With a neutral second gene it is copied out
-    after o0; over 0.5 it starts in host memory instead (prefetched before o0, dropped
-    after it, and after o3, R20: nothing crosses the up link), on both decoders alike."""
-    tensors = {"w": (40, "weight"), "x": (10, "activation"), "y": (60, "activation")}
-    ops = [("o0", "forward", 10.0, ["w"], ["x"], [], 0), ("o1", "forward", 10.0, ["x"], ["y"], [], 0),
-           ("o2", "forward", 10.0, ["y"], [], [], 0), ("o3", "backward", 10.0, ["w"], [], [], 0)]
-    profile = make_profile(tensors, ops, "weight-in-host")
-    hw = machine()
-    worker = Worker(profile, hw, 80)
-    order = np.arange(len(profile.ops))
-    w = next(i for i, t in enumerate(profile.tensors) if t.id == "w")
-    built = worker.decoder.fast
-    for lean, kinds, initial in ((0.5, [("offload", "o0", None), ("prefetch", "o2", "o3")], {}),
-                                 (0.9, [("prefetch", None, "o0"), ("drop", "o0", None), ("prefetch", "o2", "o3"),
-                                        ("drop", "o3", None)], {"w": "host"})):
-        genes = np.full((2, len(profile.tensors)), 0.5)
-        genes[1, w] = lean
-        for fast in (True, False):
-            worker.decoder.fast = fast and built
-            decoded = worker.decoder.decode(order, genes)
-            mine = [(a.kind, a.after, a.before) for a in decoded.actions if a.tensor == "w"]
-            assert (mine, decoded.initial) == (kinds, initial), (lean, fast)
-            result = both_paths(profile, worker.plan(decoded), hw, 80)
-            assert result.ok and result.bytes_d2h == (40 if lean == 0.5 else 0)
