@@ -508,15 +508,12 @@ class PlannedInterpreter:
             return value
         if node in self.kernel_nodes or node.op != "call_function":
             raise RuntimeFailure(f"graph node {node.name} is needed before the op that runs it")
-        if str(node.target) in SHAPE_ONLY and node.args:
+        if str(node.target) in SHAPE_ONLY and node.args and _has_meta(node.args[0]) and node.args[0] not in env:
             # reads only its first argument's shape, dtype and strides: the profile records no
             # dependency on it (a dropout mask's empty_like of the attention probabilities), so a
             # schedule (R21) may run it first; the traced metadata stands in for a value not made yet
-            if node.args[0] in env or not _has_meta(node.args[0]):
-                args, kwargs = self._args(node, None)
-            else:
-                rest, kwargs = self._args(node, None, skip_first=True)
-                args = [_stand_in(node.args[0]), *rest]
+            rest, kwargs = self._args(node, None, skip_first=True)
+            args = [_stand_in(node.args[0]), *rest]
         else:
             args, kwargs = self._args(node, None)
         value = node.target(*args, **kwargs)

@@ -189,7 +189,7 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
     spill = _Spill.of(hardware)
     tensors = profile.tensor_by_id
     persistent = profile.persistent_bytes
-    needed_after, persistent_tail = _persistent_uses(profile, starts) if moves_persistent else (None, 0.0)
+    last_use, used_after, persistent_tail = _persistent_uses(profile, starts) if moves_persistent else ({}, [], 0.0)
     where = None
     candidates = []
     first_end, tail = _copy_windows(profile, starts)
@@ -205,8 +205,8 @@ def lower_bound(profile: Profile, hardware: Hardware, budget_bytes: int, recompu
         back_tail, returning = tail[p], 0
         if moves_persistent:
             # idle weights and optimizer state: those used after p come back down after p, the others are free
-            returning = needed_after[p] - sum(tensors[t].bytes for t in touched
-                                              if tensors[t].persistent and needed_after.used_after(t, p))
+            returning = used_after[p] - sum(tensors[t].bytes for t in touched
+                                            if tensors[t].persistent and last_use.get(t, -1) > p)
             idle = persistent - sum(tensors[t].bytes for t in touched if tensors[t].persistent)
             excess -= idle - returning
             movable += returning
@@ -297,6 +297,22 @@ class _Spill:
         return self if not weights else _Spill(self.host + weights, self.out_latency, self.back_latency,
                                                self.write, self.read)
 
+    def out_end(self, out_lag: float, swapped: float, up: float) -> float:
+        """When ``swapped`` bytes can have left at the earliest: ``out_lag`` + S / up, and
+        through the SSD route for the bytes past host memory (0 when nothing is swapped)."""
+        if swapped <= 0:
+            return 0.0
+        end = out_lag + swapped / up
+        return max(end, self.out_latency + (swapped - self.host) / self.write) if swapped > self.host else end
+
+    def back_end(self, back_lag: float, swapped: float, down: float) -> float:
+        """How long after p starts ``swapped`` bytes can be back at the earliest, the ops after
+        the last of them included: ``back_lag`` + S / down, and the SSD route's side."""
+        if swapped <= 0:
+            return 0.0
+        end = back_lag + swapped / down
+        return max(end, self.back_latency + (swapped - self.host) / self.read) if swapped > self.host else end
+
     def without_out(self) -> "_Spill":
         """The same with the SSD's copies out never binding (the back side alone)."""
         return _Spill(self.host, -_FAR, self.back_latency, self.write, self.read)
@@ -312,12 +328,8 @@ def _expression(before_us: float, rest_us: float, swapped: float, recompute_us: 
     down after p starts; the bytes past host memory cross the SSD route both ways too."""
     if swapped <= 0:
         return before_us + rest_us + recompute_us
-    out = max(before_us, out_lag + swapped / up)
-    back = back_lag + swapped / down
-    if swapped > spill.host:
-        out = max(out, spill.out_latency + (swapped - spill.host) / spill.write)
-        back = max(back, spill.back_latency + (swapped - spill.host) / spill.read)
-    return out + max(rest_us + recompute_us, back)
+    out = max(before_us, spill.out_end(out_lag, swapped, up))
+    return out + max(rest_us + recompute_us, spill.back_end(back_lag, swapped, down))
 
 
 def _copy_windows(profile: Profile, starts) -> tuple[list, list]:
@@ -345,7 +357,6 @@ def _copy_windows(profile: Profile, starts) -> tuple[list, list]:
     return first_end, tail
 
 
-
 @dataclass(frozen=True)
 class _Candidate:
     """An op over the budget: its swap-only value, position, excess, the tensors it
@@ -358,40 +369,20 @@ class _Candidate:
     room: "_Spill"
 
 
-class _PersistentUses:
-    """Which weights and optimizer state are used after each op: ``self[p]`` the bytes of
-    those used after op p (off the GPU at p, they come back down after p), for the
-    persistent part of the argument."""
-
-    def __init__(self, profile: Profile):
-        self.last = {}
-        for i, op in enumerate(profile.ops):
-            for t in (*op.inputs, *op.outputs, *op.updates):
-                if profile.tensor_by_id[t].persistent:
-                    self.last[t] = i
-        n = len(profile.ops)
-        after = [0] * (n + 1)      # after[i]: bytes of persistent tensors last used at op i
-        for t, i in self.last.items():
-            after[i] += profile.tensor_by_id[t].bytes
-        self.after = [0] * n
-        running = 0
-        for i in range(n - 1, -1, -1):
-            self.after[i] = running   # last used after op i
-            running += after[i]
-
-    def __getitem__(self, p: int) -> int:
-        return self.after[p]
-
-    def used_after(self, tensor: str, p: int) -> bool:
-        return self.last.get(tensor, -1) > p
-
-
-def _persistent_uses(profile: Profile, starts) -> tuple[_PersistentUses, float]:
-    """The persistent uses and the ideal compute from the latest use of a persistent
-    tensor to the end (a weight back by prefetch is back before that op at the latest)."""
-    uses = _PersistentUses(profile)
-    latest = max(uses.last.values(), default=len(profile.ops) - 1)
-    return uses, starts[-1] - starts[latest]
+def _persistent_uses(profile: Profile, starts) -> tuple[dict, list, float]:
+    """The last use of each weight and optimizer state (``Profile.last_use``), the bytes of
+    those used after each op (off the GPU there, they come back down after it), and the
+    ideal compute from the latest such use to the end (a weight back by prefetch is back
+    before that op at the latest)."""
+    last = {t.id: profile.last_use[t.id] for t in profile.tensors
+            if t.persistent and profile.last_use[t.id] is not None}
+    n = len(profile.ops)
+    at = [0] * n                 # at[i]: bytes of persistent tensors last used at op i
+    for t, i in last.items():
+        at[i] += profile.tensor_by_id[t].bytes
+    after = list(accumulate(reversed(at[1:]), initial=0))[::-1]   # after[i]: last used after op i
+    latest = max(last.values(), default=n - 1)
+    return last, after, starts[-1] - starts[latest]
 
 
 def _two_ops(candidates: list, starts, lives, up: float, down: float, floor: float):
@@ -403,8 +394,8 @@ def _two_ops(candidates: list, starts, lives, up: float, down: float, floor: flo
     ideal = starts[-1]
     by_position = sorted(candidates, key=lambda c: c.p)
     # upper bounds first: swap alone on each side (recomputing only lowers both)
-    outs = [max(0.0, _out_end(c, c.excess, up) - starts[c.p]) for c in by_position]
-    backs = [max(0.0, _back_end(c, c.excess, down) - (ideal - starts[c.p])) for c in by_position]
+    outs = [max(0.0, c.room.out_end(c.lags[0], c.excess, up) - starts[c.p]) for c in by_position]
+    backs = [max(0.0, c.room.back_end(c.lags[1], c.excess, down) - (ideal - starts[c.p])) for c in by_position]
     ahead = list(accumulate(outs, max))
     if max((ahead[i - 1] + backs[i] for i in range(1, len(by_position))), default=0.0) <= floor:
         return None
@@ -416,7 +407,7 @@ def _two_ops(candidates: list, starts, lives, up: float, down: float, floor: flo
             continue
         _, size = lives.idle_at(c.p, c.touched)
         least = max(0.0, c.excess - float(size.sum()))
-        out_stall.append(max(0.0, _out_end(c, least, up) - starts[c.p]) if least > 0 else 0.0)
+        out_stall.append(max(0.0, c.room.out_end(c.lags[0], least, up) - starts[c.p]) if least > 0 else 0.0)
     best, found, lead, lead_at = floor, None, 0.0, None
     for i, c in enumerate(by_position):
         if lead_at is not None and lead + backs[i] > best:
@@ -433,27 +424,6 @@ def _two_ops(candidates: list, starts, lives, up: float, down: float, floor: flo
 
 
 _FAR = 1e30   # a lag that never binds
-
-
-def _out_end(c: _Candidate, swapped: float, up: float) -> float:
-    """When ``swapped`` bytes can have left for op c at the earliest (host and SSD)."""
-    if swapped <= 0:
-        return 0.0
-    end = c.lags[0] + swapped / up
-    if swapped > c.room.host:
-        end = max(end, c.room.out_latency + (swapped - c.room.host) / c.room.write)
-    return end
-
-
-def _back_end(c: _Candidate, swapped: float, down: float) -> float:
-    """How long after op c starts ``swapped`` bytes can be back at the earliest, the ops
-    after the last of them included."""
-    if swapped <= 0:
-        return 0.0
-    end = c.lags[1] + swapped / down
-    if swapped > c.room.host:
-        end = max(end, c.room.back_latency + (swapped - c.room.host) / c.room.read)
-    return end
 
 
 class _Lifetimes:
