@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from simulator.errors import InputError
 from simulator.fast import explicit as fastpath
+from simulator.model.recompute import recompute_problem
 from simulator.plan import Action, Plan, drop, offload, prefetch, recompute
 from simulator.profile import order_violation
 from tests.conftest import make_profile
@@ -53,10 +54,16 @@ def profiles(draw, huge=False):
     return make_profile(tensors, ops, "random")
 
 
+def widest_gap(profile, tid):
+    return max(idle_gaps(profile, tid), key=lambda g: g[1] - g[0])
+
+
 def recomputable(profile, tid):
+    """Its producer reads only weights (resident) and R15 lets it be recomputed at the
+    end of its widest idle gap (no weight the producer read updated since)."""
     producer = profile.ops[profile.producer[tid]]
     inputs_persistent = all(profile.tensor_by_id[i].persistent for i in producer.inputs)
-    return not producer.updates and not profile.updaters[tid] and inputs_persistent
+    return inputs_persistent and recompute_problem(profile, tid, widest_gap(profile, tid)[1]) is None
 
 
 @st.composite
@@ -72,7 +79,7 @@ def scenarios(draw):
                      early=draw(st.sampled_from([0, 1, 2, 3, 3])))
     extra = []
     for tid in recomputed:
-        a, b = max(idle_gaps(profile, tid), key=lambda g: g[1] - g[0])
+        a, b = widest_gap(profile, tid)
         extra += [drop(tid, profile.ops[a].id), recompute(tid, profile.ops[b].id)]
     plan = Plan(plan.profile_name, plan.actions + tuple(extra), profile_sha256=plan.profile_sha256)
     peak = max(profile.peak_bytes, profile.persistent_bytes)

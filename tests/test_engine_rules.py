@@ -447,6 +447,27 @@ def test_r15_recompute_of_a_tensor_updated_in_place_is_invalid():
     assert_invalid(r, "R15", "use", "g", "updated in place after it was produced (by op 'acc')")
 
 
+def test_r15_recompute_after_an_input_of_its_producer_was_updated_is_invalid():
+    # f1 reads the weight w and makes a; step updates w in place; g reads a. In profile
+    # order (f1, g, step) a recompute of a before g re-runs f1 on the old w: valid, f1
+    # 0-10, the recompute 10-20, g 20-30, step 30-40. A schedule that runs step before g
+    # (R21 allows it: g does not read w) makes the same recompute read the new w: R15.
+    t = {"w": (10, "weight"), "a": (20, "activation")}
+    ops = [("f1", "forward", 10.0, ["w"], ["a"]), ("g", "backward", 10.0, ["a"], []),
+           ("step", "optimizer", 10.0, [], [], ["w"])]
+    p = make_profile(t, ops, "stale")
+    r = simulate(p, plan(p, drop("a", "f1"), recompute("a", "g")), HW)
+    assert r.valid and r.iteration_us == 40.0 and r.recompute_us == 10.0
+    early = plan(p, drop("a", "f1"), recompute("a", "g"), schedule=("f1", "step", "g"))
+    assert_invalid(simulate(p, early, HW), "R15", "g", "a", "reads 'w', updated in place since by op 'step'")
+    # a weight that starts in host memory (named by the plan) counts the same
+    host = plan(p, prefetch("w", None, "f1"), drop("a", "f1"), recompute("a", "g"), offload("w", "step"),
+                schedule=("f1", "step", "g"),
+                initial={"w": "host"})
+    assert_invalid(simulate(p, host, HW), "R15", "g", "a", "by op 'step'")
+    assert simulate(p, replace(host, schedule=None), HW).valid
+
+
 def test_r15_recompute_whose_producer_updates_in_place_is_invalid():
     t = {"w": (10, "weight"), "y": (5, "activation"), "z": (1, "activation")}
     ops = [("k", "forward", 10.0, [], ["y"], ["w"]), ("m", "forward", 10.0, [], ["z"]),

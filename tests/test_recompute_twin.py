@@ -46,6 +46,12 @@ def test_the_reasons_name_the_rule_broken():
     assert recompute_problem(profile, "y") == "recompute of 'y': its producer 'f2' updates 'w' in place"
     assert recompute_problem(profile, "x") == ("recompute of 'x': it was updated in place after it was produced "
                                                "(by op 'b1')")
-    assert recompute_problem(profile, "x", before=3) is None            # before its update
+    assert recompute_problem(profile, "x", before=1) is None            # before any update
+    assert recompute_problem(profile, "x", before=2) == ("recompute of 'x': its producer 'f1' reads 'w', updated "
+                                                         "in place since by op 'f2' (a re-run would read the new "
+                                                         "value)")
+    assert recompute_problem(profile, "x", before=3) == recompute_problem(profile, "x", before=2)
+    assert recomputable_until(profile, "x") == 1                       # f2 updates w, which f1 read
     assert recompute_problem(profile, "x", updates=()) is None          # a walk that saw none
+    assert "by op 'b1'" in recompute_problem(profile, "x", updates=(("x", "b1"),))
     assert recompute_problem(profile, "z") is None

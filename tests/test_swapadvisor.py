@@ -252,3 +252,29 @@ def test_a_failing_seed_is_noted_and_the_search_goes_on(transformer):
     draft = plan_swapadvisor(transformer, HW, int(transformer.peak_bytes * 0.6), options=RunOptions(seed=1),
                              generations=2, population=6, seeds="lms,no-such-planner")
     assert "no-such-planner" in draft.notes["seed_failures"] and "lms" in draft.notes["seeds"]
+
+
+def test_no_recompute_reads_a_weight_its_optimizer_step_has_updated():
+    # f1 reads w and makes a (big); g reads a late; step updates w in place. In the
+    # profile's order (step last) the decoders recompute a before g for some genes; in an
+    # order that runs step before g they never do (R15: the re-run would read the new w).
+    tensors = {"w": (10, "weight"), "a": (100, "activation"), "b": (80, "activation"), "c": (80, "activation")}
+    ops = [("f1", "forward", 10.0, ["w"], ["a"]), ("f2", "forward", 10.0, [], ["b"]),
+           ("f3", "forward", 10.0, ["b"], ["c"]), ("f4", "forward", 10.0, ["c"], []),
+           ("g", "backward", 10.0, ["a"], []), ("step", "optimizer", 10.0, [], [], ["w"])]
+    profile = make_profile(tensors, ops, "stale")
+    hw = machine()
+    worker = Worker(profile, hw, 200)
+    rng = np.random.default_rng(0)
+    recomputed = {}
+    for order in (np.arange(6), np.array([0, 5, 1, 2, 3, 4])):
+        assert Dag(profile).valid(order)
+        found = 0
+        for _ in range(40):
+            genes = rng.random((2, len(profile.tensors)))
+            for decoder in (worker.decoder.decode, worker.decoder.reference):
+                plan = worker.plan(decoder(order, genes))
+                assert both_paths(profile, plan, hw, worker.budget).valid
+                found += any(a.kind == "recompute" and a.tensor == "a" for a in plan.actions)
+        recomputed[order[1]] = found
+    assert recomputed[1] > 0 and recomputed[5] == 0

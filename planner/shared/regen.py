@@ -57,7 +57,7 @@ def candidates(profile: Profile, max_us_per_byte: float, min_gap: int = 2) -> li
         if ratio >= max_us_per_byte:
             continue
         for gap in idle_gaps(profile, tensor.id, starts):
-            if gap.before - gap.after < min_gap or not _may_recompute(profile, tensor.id, made_by, op, gap.before,
+            if gap.before - gap.after < min_gap or not _may_recompute(profile, tensor.id, op, gap.before,
                                                                       last_touch):
                 continue
             found.append(Regen(tensor.id, tensor.bytes, gap.after, gap.before, made_by, tuple(op.inputs), ratio))
@@ -65,7 +65,7 @@ def candidates(profile: Profile, max_us_per_byte: float, min_gap: int = 2) -> li
     return found
 
 
-def _may_recompute(profile: Profile, tid: str, made_by: int, op, before: int, last_touch: dict[str, int]) -> bool:
+def _may_recompute(profile: Profile, tid: str, op, before: int, last_touch: dict[str, int]) -> bool:
     if recompute_problem(profile, tid, before) is not None:   # R15
         return False
     for source in op.inputs:
@@ -73,8 +73,6 @@ def _may_recompute(profile: Profile, tid: str, made_by: int, op, before: int, la
             points = touches(profile, source)
             last_touch[source] = points[-1] if points else -1
         if last_touch[source] < before:
-            return False
-        if any(made_by < u < before for u in profile.updaters[source]):
             return False
     return True
 

@@ -394,8 +394,10 @@ class _Compiler:
             made_by = profile.producer[tid]
             if made_by is not None:
                 found.add(seq.op_item[profile.ops[made_by].id])
-        for ks in seq.recompute_items.values():
+        for tid, ks in seq.recompute_items.items():
             found.update(ks)
+            for x in profile.ops[profile.producer[tid]].inputs if profile.producer[tid] is not None else ():
+                found.update(seq.uses.get(x, ()))   # R15: an update in place of what the re-run reads
         for op_id in actions_after:
             if op_id is not None:
                 found.add(seq.op_item[op_id])
@@ -449,6 +451,7 @@ class _Compiler:
                         self.check_use(tid, k, "reads")
             if recomputed is None:
                 for tid in op.updates:
+                    self.updated_at.setdefault(tid, []).append(k)   # R15 counts every tensor's
                     if tid in planned:
                         self.check_use(tid, k, "updates")
                         if state[tid] is LEAVING:
@@ -457,7 +460,6 @@ class _Compiler:
                         tier_copies = copies[tid]
                         for tier in tier_copies:
                             tier_copies[tier] = False  # R16
-                        self.updated_at.setdefault(tid, []).append(k)
             for tid in allocs[k]:
                 if tid in planned:
                     state[tid] = GPU
@@ -592,19 +594,31 @@ class _Compiler:
             where = f"its producer {op.id!r}" if op.id in self.plan.cpu_ops else f"op {group!r}"
             raise self.invalid("R24", k, tid, f"recompute of {tid!r}: {where} runs on the CPU; recomputes run "
                                               "on the GPU, before GPU ops")
-        updated_by = [self.seq.group[u] for u in self.updated_at.get(tid, ())]   # the walk's updates in place
-        problem = recompute_problem(self.profile, tid, updates=updated_by)
         if self.tensors[tid].persistent:
-            raise self.invalid("R15", k, tid, problem)
+            raise self.invalid("R15", k, tid, recompute_problem(self.profile, tid))
         if st in (GPU, INCOMING):
             raise self.invalid("R15", k, tid, f"recompute of {tid!r} before {group!r}: it is "
                                               f"{'resident' if st == GPU else 'incoming'}")
         if st in (UNBORN, DEAD, ENCODED):
             raise self.invalid("R15", k, tid, f"recompute of {tid!r} before {group!r}: it is {_state_words(st)}")
-        if problem is not None:   # its producer updates in place, or it was updated since it was made
+        problem = recompute_problem(self.profile, tid, updates=self.updates_since_made(tid))
+        if problem is not None:   # its producer updates in place, or it or an input was updated since
             raise self.invalid("R15", k, tid, problem)
         self.close_window(tid)
         self.state[tid] = GPU
+
+    def updates_since_made(self, tid: str) -> list[tuple[str, str]]:
+        """The walk's updates in place R15 counts against a recompute of ``tid``: (tensor,
+        op id) of those of ``tid`` and of its producer's inputs since the producer's item."""
+        if self.profile.producer[tid] is None:
+            return []
+        producer = self.profile.ops[self.profile.producer[tid]]
+        made = self.seq.op_item[producer.id]
+        found = [(k, tid) for k in self.updated_at.get(tid, ())]
+        for x in dict.fromkeys(producer.inputs):
+            if x != tid:
+                found.extend((k, x) for k in self.updated_at.get(x, ()) if k > made)
+        return [(t, self.seq.group[k]) for k, t in sorted(found)]
 
     def check_steady_state(self) -> None:
         """R20, once the walk is over."""

@@ -282,7 +282,8 @@ static int check_plan_rules(const In *in, Arena *a, Invalid *bad) {
 typedef struct {
     const In *in;
     Prog *p;
-    uint8_t *state, *planned, *copies, *updated;   /* copies: a valid copy per tier, a bit each */
+    uint8_t *state, *planned, *copies;             /* copies: a valid copy per tier, a bit each */
+    int32_t *made_at, *updated_at;                 /* tensor -> the item that made / last updated it, or -1 */
     int32_t *open_offload;                         /* tensor -> offload whose window is open, or -1 */
     int32_t *last_to;                              /* 2 per tensor: last offload to each tier */
     int32_t *incoming;                             /* tensor -> its prefetch's before item (-1: end) */
@@ -396,10 +397,12 @@ static int walk_item(Walk *w, int32_t k, const int64_t *after_off, const int32_t
         if (state[t] == INCOMING && w->incoming[t] == k) state[t] = GPU;
     }
     int32_t op = p->item_op[k], rec = p->item_rec[k];
-    if (rec >= 0) {   /* R15: only a tensor offloaded or dropped, its producer updating nothing, never updated */
-        int st = state[rec];
+    if (rec >= 0) {   /* R15: only a tensor offloaded or dropped, its producer updating nothing, never updated, */
+        int st = state[rec];                            /* nor its producer's inputs since the producer ran */
         if (st != LEAVING && st != AWAY) return invalid(w, 15, k, rec);
-        if (in->upd_off[op + 1] > in->upd_off[op] || w->updated[rec]) return invalid(w, 15, k, rec);
+        if (in->upd_off[op + 1] > in->upd_off[op] || w->updated_at[rec] >= 0) return invalid(w, 15, k, rec);
+        for (int32_t i = in->in_off[op]; i < in->in_off[op + 1]; i++)
+            if (w->updated_at[in->in_idx[i]] > w->made_at[rec]) return invalid(w, 15, k, rec);
         close_window(w, rec);
         state[rec] = GPU;
     }
@@ -412,14 +415,16 @@ static int walk_item(Walk *w, int32_t k, const int64_t *after_off, const int32_t
     if (rec < 0) {
         for (int32_t i = in->upd_off[op]; i < in->upd_off[op + 1]; i++) {
             int32_t t = in->upd_idx[i];
+            w->updated_at[t] = k;
             if (!planned[t]) continue;
             if (state[t] != GPU && state[t] != LEAVING) return invalid(w, 13, k, t);
             if (state[t] == LEAVING) return invalid(w, 11, k, t);   /* an update in an offload window */
             w->copies[t] = 0;                                          /* R16 */
-            w->updated[t] = 1;
         }
-        for (int32_t i = in->out_off[op]; i < in->out_off[op + 1]; i++)
+        for (int32_t i = in->out_off[op]; i < in->out_off[op + 1]; i++) {
+            w->made_at[in->out_idx[i]] = k;
             if (planned[in->out_idx[i]]) state[in->out_idx[i]] = GPU;
+        }
     }
     for (int64_t i = p->free_off[k]; i < p->free_off[k + 1]; i++) {   /* R7, R8 */
         int32_t t = p->free_t[i];
@@ -469,7 +474,8 @@ static int compile_plan(const In *in, Prog *p, Arena *a, Invalid *bad) {
     w.state = take(a, (size_t)nt, 1);
     w.planned = take(a, (size_t)nt, 1);
     w.copies = take(a, (size_t)nt, 1);
-    w.updated = take(a, (size_t)nt, 1);
+    w.made_at = take(a, (size_t)nt, sizeof(int32_t));
+    w.updated_at = take(a, (size_t)nt, sizeof(int32_t));
     p->initial_tier = take(a, (size_t)nt, 1);
     w.open_offload = take(a, (size_t)nt, sizeof(int32_t));
     w.last_to = take(a, 2 * (size_t)nt, sizeof(int32_t));
@@ -492,7 +498,7 @@ static int compile_plan(const In *in, Prog *p, Arena *a, Invalid *bad) {
     if (a->failed) return ST_NOMEM;
 
     for (int32_t t = 0; t < nt; t++) {
-        w.open_offload[t] = -1;
+        w.open_offload[t] = w.made_at[t] = w.updated_at[t] = -1;
         w.last_to[2 * t] = w.last_to[2 * t + 1] = -1;
         p->initial_tier[t] = -1;
     }

@@ -2,9 +2,11 @@
 
 A recompute re-runs the tensor's producer just before an op. R15 refuses it for a
 persistent tensor (no op makes it), when the producer updates a tensor in place (a
-re-run would update it twice), and when the tensor was updated in place after it was
-produced (a re-run would make the value it had before), and when the producer is a
-collective of a data-parallel rank (R56: it runs on the interconnect). The compile
+re-run would update it twice), when the tensor was updated in place after it was
+produced (a re-run would make the value it had before), when an input of the producer
+was updated in place between the producer's run and the recompute (a re-run would read
+the new value: an optimizer step run early by a reordered schedule), and when the
+producer is a collective of a data-parallel rank (R56: it runs on the interconnect). The compile
 (simulator/compile/program.py) and every planner that chooses recomputes ask
 ``recompute_problem``; swapadvisor's C decoder keeps a twin, tested equal to it.
 """
@@ -16,10 +18,13 @@ from ..profile import Profile
 def recompute_problem(profile: Profile, tid: str, before: int | None = None, updates=None) -> str | None:
     """R15: None when ``tid`` may be recomputed, else why not (the simulator's reason).
 
-    The updates in place that count are ``updates`` (the ids of the ops that updated it
-    since it was produced, in the order they ran: what a walk of a reordered schedule
-    knows) or, without them, the profile's: those at op positions before ``before``
-    (a recompute just before that op), every one when ``before`` is None."""
+    The updates in place that count are ``updates`` (``(tensor, op id)`` pairs: the
+    updates of ``tid`` and of its producer's inputs since the producer ran, in the order
+    they ran: what a walk of a reordered schedule knows) or, without them, the profile's:
+    those at op positions before ``before`` (a recompute just before that op). With
+    neither, every update of ``tid`` counts and none of the inputs': the problems that
+    hold wherever the recompute lies after ``tid``'s first update, for a caller that
+    checks the inputs where it places the recompute (``recomputable_until`` says where)."""
     tensor = profile.tensor_by_id[tid]
     if tensor.persistent:
         return f"recompute of persistent tensor {tid!r} ({tensor.kind})"
@@ -32,12 +37,30 @@ def recompute_problem(profile: Profile, tid: str, before: int | None = None, upd
                 "is not re-run on the compute stream")
     if op.updates:
         return f"recompute of {tid!r}: its producer {op.id!r} updates {op.updates[0]!r} in place"
-    if updates is None:   # the producer updates nothing: the first update in place, if any
-        first = recomputable_until(profile, tid)
-        updates = (profile.ops[first].id,) if first < (len(profile.ops) if before is None else before) else ()
-    if updates:
-        return f"recompute of {tid!r}: it was updated in place after it was produced (by op {updates[0]!r})"
+    if updates is None:   # the producer updates nothing: the profile's first update in place, if any
+        if before is None:
+            first = min(profile.updaters[tid], default=len(profile.ops))
+            updates = ((tid, profile.ops[first].id),) if first < len(profile.ops) else ()
+        else:
+            updates = tuple((t, profile.ops[u].id) for t, u in _updates_after(profile, tid) if u < before)
+    for updated, by in updates:
+        if updated == tid:
+            return f"recompute of {tid!r}: it was updated in place after it was produced (by op {by!r})"
+        return (f"recompute of {tid!r}: its producer {op.id!r} reads {updated!r}, updated in place since by op "
+                f"{by!r} (a re-run would read the new value)")
     return None
+
+
+def _updates_after(profile: Profile, tid: str) -> list[tuple[str, int]]:
+    """The in-place updates R15 counts against a recompute of ``tid`` made by an op that
+    updates nothing: (tensor, op position) of those of ``tid`` and of its producer's
+    inputs after the producer, in op order."""
+    made_by = profile.producer[tid]
+    found = [(u, tid) for u in profile.updaters[tid]]
+    for x in dict.fromkeys(profile.ops[made_by].inputs):
+        if x != tid:
+            found.extend((u, x) for u in profile.updaters[x] if u > made_by)
+    return [(t, u) for u, t in sorted(found)]
 
 
 def recomputable_until(profile: Profile, tid: str) -> int:
@@ -45,7 +68,8 @@ def recomputable_until(profile: Profile, tid: str) -> int:
     (for ``before`` after its producer, ``recompute_problem(profile, tid, before)`` is not
     None exactly when ``before > recomputable_until``): -1 for a persistent tensor, its
     producer's position when the producer updates in place or is a collective (R56), else
-    its first in-place update, else the number of ops (never)."""
+    the first in-place update of it or of an input of its producer after the producer,
+    else the number of ops (never)."""
     made_by = profile.producer[tid]
     if made_by is None or profile.tensor_by_id[tid].persistent:
         return -1
@@ -53,7 +77,8 @@ def recomputable_until(profile: Profile, tid: str) -> int:
         return made_by
     if profile.ops[made_by].updates:
         return made_by
-    return min(profile.updaters[tid], default=len(profile.ops))
+    found = _updates_after(profile, tid)
+    return found[0][1] if found else len(profile.ops)
 
 
 def recompute_scratch(profile: Profile, tid: str, workspace: int | None = None) -> int:

@@ -204,12 +204,17 @@ static int new_state(const In *in, const Lay *L, St *S, Arena *a) {
 /* ================================================================== eviction (decode.py _evict) */
 
 /* Can gap g end in a recompute? Its producer's inputs must be resident at the gap's end
- * (R15); those swapped out around it come back by then, the others around it are pinned. */
+ * and not updated in place since the producer ran (R15); those swapped out around it
+ * come back by then, the others around it are pinned. */
 static int keep_inputs(const In *in, const Lay *L, St *S, int64_t g) {
-    int64_t b = L->gb[g], npins = 0, npulls = 0, t = L->gt[g];
+    int64_t b = L->gb[g], npins = 0, npulls = 0, t = L->gt[g], made = L->pos[in->producer[t]];
     for (int64_t i = in->rin_off[t]; i < in->rin_off[t + 1]; i++) {
         int64_t x = in->rin_t[i];
         if (L->last[x] < b && !in->persistent[x]) return 0;
+        for (int64_t j = in->upd_off[x]; j < in->upd_off[x + 1]; j++) {
+            int64_t u = L->pos[in->upd_op[j]];
+            if (made < u && u < b) return 0;
+        }
         for (int64_t j = L->gof_off[x]; j < L->gof_off[x + 1]; j++) {
             int64_t h = L->gof[j];
             int tail_covers = L->gtail[h] <= b, evicted = S->end[h] >= 0;

@@ -317,15 +317,19 @@ class Decoder:
 
     def _keep_inputs(self, lay: Layout, state: "_State", g: int) -> bool:
         """Can gap g end in a recompute? Its producer's inputs must be resident at the
-        gap's end (R15): live then, not recomputed around it, and not sent back to host
-        memory for good. Those swapped out around it come back by then (their prefetch
-        moves up); the gaps around it not evicted are pinned."""
+        gap's end (R15): live then, not updated in place since the producer ran, not
+        recomputed around it, and not sent back to host memory for good. Those swapped out
+        around it come back by then (their prefetch moves up); the gaps around it not
+        evicted are pinned."""
         problem, end, remade = self.problem, state.end, state.remade
         gt, ga, gb, gtail, gsize = lay.lists
         b = gb[g]
+        made = lay.pos[problem.producer[gt[g]]]
         pins, pulls = [], []
         for x in problem.remake_inputs[gt[g]]:
             if lay.last[x] < b and not problem.persistent[x]:
+                return False
+            if any(made < u < b for u in lay.updated(x)):
                 return False
             for h in lay.gaps_of(x):
                 tail_covers = gtail[h] <= b
