@@ -278,3 +278,31 @@ def test_no_recompute_reads_a_weight_its_optimizer_step_has_updated():
                 found += any(a.kind == "recompute" and a.tensor == "a" for a in plan.actions)
         recomputed[order[1]] = found
     assert recomputed[1] > 0 and recomputed[5] == 0
+
+
+def test_a_weight_first_evicted_after_a_use_may_start_in_host_memory():
+    """w (40 B) is read by o0 and o3; y (60 B), made by o1 and read by o2, leaves no room
+    for it in 80 B: its gap o0 -> o3 is evicted. With a neutral second gene it is copied out
+    after o0; over 0.5 it starts in host memory instead (prefetched before o0, dropped
+    after it, and after o3, R20: nothing crosses the up link), on both decoders alike."""
+    tensors = {"w": (40, "weight"), "x": (10, "activation"), "y": (60, "activation")}
+    ops = [("o0", "forward", 10.0, ["w"], ["x"], [], 0), ("o1", "forward", 10.0, ["x"], ["y"], [], 0),
+           ("o2", "forward", 10.0, ["y"], [], [], 0), ("o3", "backward", 10.0, ["w"], [], [], 0)]
+    profile = make_profile(tensors, ops, "weight-in-host")
+    hw = machine()
+    worker = Worker(profile, hw, 80)
+    order = np.arange(len(profile.ops))
+    w = next(i for i, t in enumerate(profile.tensors) if t.id == "w")
+    built = worker.decoder.fast
+    for lean, kinds, initial in ((0.5, [("offload", "o0", None), ("prefetch", "o2", "o3")], {}),
+                                 (0.9, [("prefetch", None, "o0"), ("drop", "o0", None), ("prefetch", "o2", "o3"),
+                                        ("drop", "o3", None)], {"w": "host"})):
+        genes = np.full((2, len(profile.tensors)), 0.5)
+        genes[1, w] = lean
+        for fast in (True, False):
+            worker.decoder.fast = fast and built
+            decoded = worker.decoder.decode(order, genes)
+            mine = [(a.kind, a.after, a.before) for a in decoded.actions if a.tensor == "w"]
+            assert (mine, decoded.initial) == (kinds, initial), (lean, fast)
+            result = both_paths(profile, worker.plan(decoded), hw, 80)
+            assert result.ok and result.bytes_d2h == (40 if lean == 0.5 else 0)

@@ -539,7 +539,8 @@ static void swap_actions(const In *in, const Lay *L, const St *S, Out *o, int64_
 
 /* One tensor's actions, its gaps in (tensor, start) order: the gap from the iteration
  * start (at most one) is the last of its gaps in gap order and the first by start. */
-static void tensor_actions(const In *in, const Lay *L, const St *S, Out *o, int64_t t, int64_t *list) {
+static void tensor_actions(const In *in, const Lay *L, const St *S, Out *o, int64_t t, int64_t *list,
+                           const int64_t *read_until) {
     int64_t k = 0, lo = L->gof_off[t], hi = L->gof_off[t + 1];
     if (hi > lo && L->ga[L->gof[hi - 1]] < 0 && S->end[L->gof[hi - 1]] >= 0) list[k++] = L->gof[hi - 1];
     for (int64_t j = lo; j < hi; j++) {
@@ -548,6 +549,16 @@ static void tensor_actions(const In *in, const Lay *L, const St *S, Out *o, int6
     }
     int initial = 0;
     int64_t copy_at = INT64_MIN;                     /* INT64_MIN: no host copy yet */
+    if (k && L->ga[list[0]] >= 0 && !S->remade[list[0]] && in->persistent[t] && in->remakable[t]
+        && copy_valid(in, L, t, -1, L->ga[list[0]]) && read_until[t] <= L->last[t]) {
+        /* first evicted after a use, with its starting value: it starts in host memory instead
+         * (decode.py host_start; for a persistent tensor `remakable` carries that flag) */
+        int64_t first = L->tp[L->tp_off[t]];
+        initial = 1;
+        o->initial[o->ninitial++] = t;
+        copy_at = -1;
+        emit(o, in, -1, P_PREFETCH, first, t, 0, K_PREFETCH, t, -1, first);
+    }
     for (int64_t i = 0; i < k; i++) {
         int64_t g = list[i], a = L->ga[g], e = S->end[g];
         if (S->remade[g]) {
@@ -561,13 +572,21 @@ static void tensor_actions(const In *in, const Lay *L, const St *S, Out *o, int6
 
 /* Every action of the plan, in issue order; 0 when out of memory. */
 static int actions(const In *in, const Lay *L, const St *S, Out *o, Arena *a) {
-    o->item = take_raw(a, (size_t)L->ng * 3, sizeof(Item));
+    o->item = take_raw(a, (size_t)L->ng * 3 + (size_t)in->m, sizeof(Item));
     o->initial = take_raw(a, (size_t)in->m, sizeof(int64_t));
     int64_t *list = take_raw(a, (size_t)L->ng, sizeof(int64_t));
+    int64_t *read_until = take_raw(a, (size_t)in->m + 1, sizeof(int64_t));   /* the latest recompute reading each */
     if (a->failed) return 0;
+    for (int64_t t = 0; t < in->m; t++) read_until[t] = -1;
+    for (int64_t g = 0; g < L->ng; g++) {
+        if (!S->remade[g]) continue;
+        int64_t t = L->gt[g];
+        for (int64_t i = in->rin_off[t]; i < in->rin_off[t + 1]; i++)
+            if (read_until[in->rin_t[i]] < S->end[g]) read_until[in->rin_t[i]] = S->end[g];
+    }
     o->n = o->ninitial = 0;
     for (int64_t t = 0; t < in->m; t++)
-        if (L->gof_off[t + 1] > L->gof_off[t]) tensor_actions(in, L, S, o, t, list);
+        if (L->gof_off[t + 1] > L->gof_off[t]) tensor_actions(in, L, S, o, t, list, read_until);
     return sort_items(o, in->n, a);
 }
 

@@ -176,6 +176,8 @@ class Layout:
         self.gap_tail = np.r_[np.full(len(inner), n), last[front] + 1, np.full(len(idle), n)].astype(np.int64)
         self.last = np.full(problem.m, -1, dtype=np.int64)
         self.last[tens] = last
+        self.first = np.full(problem.m, -1, dtype=np.int64)
+        self.first[tens] = first
         self.identity = bool(np.array_equal(order, np.arange(n)))
         # the gaps as lists (fast scalar access), and the gaps of each tensor
         self.lists = (self.gap_t.tolist(), self.gap_a.tolist(), self.gap_b.tolist(), self.gap_tail.tolist(),
@@ -213,6 +215,17 @@ class _State:
         self.over_bytes = 0
 
 
+def host_start(problem: "Problem", genes: np.ndarray) -> np.ndarray:
+    """Per tensor: a persistent tensor first evicted after a use, still holding the value
+    it started with, starts in host memory instead of being copied out, where its second
+    gene (unused for recompute: weights are not recomputed) is over 0.5. The forward's up
+    link is what limits the tight budgets (docs/planners.md, the tight cells); such a
+    weight crosses the down link instead, idle then. Neutral genes keep the copy out (on
+    ResNet-152 b512 at 30% starting every such weight in host memory searched to a 0.6%
+    slower plan); the search finds where it pays (GPT-2 b48 at 30%: 3.699 s, was 3.743 s)."""
+    return problem.persistent & (np.asarray(genes)[1] > 0.5)
+
+
 class Decoder:
     """Decodes chromosomes of one problem: in C when built (``fast``), else in Python,
     which keeps the layouts of recent schedules."""
@@ -248,6 +261,7 @@ class Decoder:
         problem, genes = self.problem, np.asarray(genes)
         weight = np.exp2(SPREAD * (genes[0] - 0.5)).astype(np.float64, copy=False)
         remakable = problem.remake_us < problem.copy_us * np.exp2(SPREAD * (genes[1] - 0.5))
+        remakable = np.where(problem.persistent, host_start(problem, genes), remakable)   # C reads it so
         return Columns(*_fastdecode.decode(problem.arrays, problem.persistent_bytes, problem.budget,
                                            np.ascontiguousarray(order, dtype=np.int64),
                                            np.ascontiguousarray(weight), np.ascontiguousarray(remakable)))
@@ -272,7 +286,7 @@ class Decoder:
         state = _State(lay)
         self._evict(lay, state, genes)
         self._hoist(lay, state)
-        return self._actions(lay, state)
+        return self._actions(lay, state, host_start(self.problem, genes))
 
     def _evict(self, lay: Layout, state: "_State", genes: np.ndarray) -> None:
         """Belady, op by op: where the estimate is over the budget, evict the gaps that
@@ -375,7 +389,7 @@ class Decoder:
             mem[at + 1:e] += size
             state.issue[g] = latest = at
 
-    def _actions(self, lay: Layout, state: _State) -> Decoded:
+    def _actions(self, lay: Layout, state: _State, starts_in_host: np.ndarray) -> Decoded:
         """The plan's actions, tensor by tensor in gap order: an offload, or a drop when
         the host copy is still valid (no in-place update since it was made, R14, R16),
         then the prefetch; or a drop and a recompute; a persistent tensor that starts in
@@ -392,6 +406,10 @@ class Decoder:
         gaps = gaps[np.lexsort((lay.gap_a[gaps], lay.gap_t[gaps]))]
         ts, as_ = lay.gap_t[gaps].tolist(), lay.gap_a[gaps].tolist()
         ts.append(-1)
+        read_until: dict[int, int] = {}                 # input -> the latest recompute that reads it
+        for g in remade:
+            for x in problem.remake_inputs[lay.gap_t[g]]:
+                read_until[x] = max(read_until.get(x, -1), end[g])
         for i, g in enumerate(gaps.tolist()):
             t, a, e = ts[i], as_[i], end[g]
             if g in remade:
@@ -409,6 +427,15 @@ class Decoder:
                 copy_at[t] = -1
                 leaving = ()
             else:
+                if ((i == 0 or ts[i - 1] != t) and starts_in_host[t] and bisect_right(lay.updated(t), a) == 0
+                        and read_until.get(t, -1) <= last[t]):   # back in host memory after its last touch (R20)
+                    # its first eviction comes after a use, with the value it started with: it starts
+                    # in host memory instead (a prefetch before its first use, a drop then, no copy out)
+                    initial[ids[t]] = "host"
+                    copy_at[t] = -1
+                    first = int(lay.first[t])
+                    key = (PREFETCH, t, None, order[first])
+                    keyed.append((-1, PREFETCH, first, t, made_before.get(key) or make(*key)))
                 leaving = (a,)
             if ts[i + 1] != t and ids[t] in initial and last[t] >= 0:
                 leaving += (int(last[t]),)              # back to host memory after the last touch (R20)
