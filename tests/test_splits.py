@@ -15,7 +15,7 @@ import json
 import pytest
 
 from planner.core.api import make_plan
-from planner.shared.splitting import choose_splits
+from planner.shared.splitting import choose_splits, split_deeper
 from simulator.api import Simulator, check_static
 from simulator.errors import InputError
 from simulator.hardware import hardware_from_dict
@@ -217,9 +217,41 @@ def test_the_planners_of_one_cell_split_the_same_ops():
     from planner.core.api import _cell_splits
     from planner.core.registry import get_planner
     from simulator.catalog import open_profile
-    profile = open_profile("vgg16-b1024-s224")
+    from simulator.hardware import load_hardware
+    profile, hw = open_profile("vgg16-b1024-s224"), load_hardware("a100-40gb-pcie4")
     budget = int(0.3 * profile.peak_bytes)
     keeping, moving = choose_splits(profile, budget, False), choose_splits(profile, budget, True)
     assert keeping and moving and set(keeping.values()) != set(moving.values())
+    cell = split_deeper(profile, hw, budget, keeping)
     for name in ("joint", "g10", "autotm", "capuchin"):
-        assert _cell_splits(profile, budget, get_planner(name), {}) == keeping
+        assert _cell_splits(profile, hw, budget, get_planner(name), {}) == cell
+
+
+def test_split_deeper_only_where_the_bound_falls():
+    """VGG-16 b1024 at 30%: the ops over half the budget split too (34 ops, 32 chunks: a
+    ReLU gradient run whole holds 18.4 of the 21.7 GiB, so the next convolution's input
+    cannot come in while it runs) lower the bound from 7.687 s to 7.466 s, and swapadvisor's
+    plan from 8.098 s to 7.379 s. GPT-2 b48 at 30%: splitting more lowers nothing, and the
+    split that must be made is kept. Nothing to split: nothing is split."""
+    from planner.core.registry import RunOptions
+    from planner.shared.bound import lower_bound
+    from simulator.catalog import open_profile
+    from simulator.hardware import load_hardware
+    hw = load_hardware("a100-40gb-pcie4")
+    vgg = open_profile("vgg16-b1024-s224")
+    budget = int(0.3 * vgg.peak_bytes)
+    needed = choose_splits(vgg, budget, False)
+    deeper = split_deeper(vgg, hw, budget, needed)
+
+    def bound(splits):
+        return lower_bound(split_profile(vgg, splits), hw, budget, recompute=True, moves_persistent=True).iteration_us
+
+    assert set(needed) < set(deeper) and len(deeper) == 34 and set(deeper.values()) == {32}
+    assert bound(deeper) == pytest.approx(7.4655e6, rel=1e-4) and bound(needed) == pytest.approx(7.6868e6, rel=1e-4)
+    planned = make_plan(vgg, hw, budget, "swapadvisor", options=RunOptions(time_limit=20.0))
+    assert planned.plan.splits == deeper and planned.result.ok and planned.result.iteration_us < 7.45e6
+    gpt2 = open_profile("gpt2-b48-s1024")
+    budget = int(0.3 * gpt2.peak_bytes)
+    needed = choose_splits(gpt2, budget, False)
+    assert needed and split_deeper(gpt2, hw, budget, needed) == needed
+    assert split_deeper(toy(), hardware_from_dict(HW), 3000, {}) == {}

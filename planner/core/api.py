@@ -18,7 +18,7 @@ from simulator.result import Result
 from ..shared.bound import Bound, bound_fields, lower_bound
 from ..shared.facts import budget_floor, uvm_floor
 from ..shared.grouping import group_actions
-from ..shared.splitting import choose_splits
+from ..shared.splitting import choose_splits, split_deeper
 from .registry import RunOptions, get_planner
 
 
@@ -59,7 +59,7 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     floor, floor_op = _floor(spec, resolved, profile, hardware)
     splits, why_split = {}, None
     if budget_bytes < floor and explicit and split_ops:   # R54: an op alone over the budget may run in chunks
-        splits = _cell_splits(profile, budget_bytes, spec, resolved)
+        splits = _cell_splits(profile, hardware, budget_bytes, spec, resolved)
         if splits:
             why_split = f"op {floor_op!r} alone needs {floor} bytes, more than the budget"
             floor, floor_op = _floor(spec, resolved, sim.split(_splitting(sim, splits))[0].profile, hardware)
@@ -104,19 +104,20 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     return Planned(plan, result, seconds)
 
 
-def _cell_splits(profile: Profile, budget_bytes: int, spec, resolved: dict) -> dict[str, int]:
+def _cell_splits(profile: Profile, hardware: Hardware, budget_bytes: int, spec, resolved: dict) -> dict[str, int]:
     """The ops to split (R54) for this planner: those a planner that keeps weights and
     optimizer state on the GPU would split, where there are any, so that the planners of
     one cell, and a solver and the heuristics it falls back to, plan the same split profile
     (a planner that moves them needs fewer chunks, and ran alone on fewer: joint on VGG-16
     at 30%, 4 chunks, with capuchin's plan on them 7.6% slower than capuchin's on 8); else
-    this planner's own."""
+    this planner's own. Split deeper where that lowers the bound (``split_deeper``)."""
     variants = spec.chooses_variants(resolved)
     if spec.moves_persistent:
         shared = choose_splits(profile, budget_bytes, False, spec.cpu_phases, variants=variants)
         if shared:
-            return shared
-    return choose_splits(profile, budget_bytes, spec.moves_persistent, spec.cpu_phases, variants=variants)
+            return split_deeper(profile, hardware, budget_bytes, shared, False, spec.cpu_phases, variants)
+    own = choose_splits(profile, budget_bytes, spec.moves_persistent, spec.cpu_phases, variants=variants)
+    return split_deeper(profile, hardware, budget_bytes, own, spec.moves_persistent, spec.cpu_phases, variants)
 
 
 def can_meet(name: str, params: dict, profile: Profile, hardware: Hardware, budget_bytes: int) -> bool:
