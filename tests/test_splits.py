@@ -224,7 +224,7 @@ def test_the_planners_of_one_cell_split_the_same_ops():
     assert keeping and moving and set(keeping.values()) != set(moving.values())
     cell = split_deeper(profile, hw, budget, keeping)
     for name in ("joint", "g10", "autotm", "capuchin"):
-        assert _cell_splits(profile, hw, budget, get_planner(name), {}) == cell
+        assert _cell_splits(profile, hw, budget, get_planner(name), {}) == (cell, keeping)
 
 
 def test_split_deeper_only_where_the_bound_falls():
@@ -250,6 +250,7 @@ def test_split_deeper_only_where_the_bound_falls():
     assert bound(deeper) == pytest.approx(7.4655e6, rel=1e-4) and bound(needed) == pytest.approx(7.6868e6, rel=1e-4)
     planned = make_plan(vgg, hw, budget, "swapadvisor", options=RunOptions(time_limit=20.0))
     assert planned.plan.splits == deeper and planned.result.ok and planned.result.iteration_us < 7.45e6
+    assert "22 more ops split too, since that lowers the bound" in planned.plan.planner.notes["splits"]
     gpt2 = open_profile("gpt2-b48-s1024")
     budget = int(0.3 * gpt2.peak_bytes)
     needed = choose_splits(gpt2, budget, False)

@@ -59,9 +59,12 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     floor, floor_op = _floor(spec, resolved, profile, hardware)
     splits, why_split = {}, None
     if budget_bytes < floor and explicit and split_ops:   # R54: an op alone over the budget may run in chunks
-        splits = _cell_splits(profile, hardware, budget_bytes, spec, resolved)
+        splits, needed = _cell_splits(profile, hardware, budget_bytes, spec, resolved)
         if splits:
             why_split = f"op {floor_op!r} alone needs {floor} bytes, more than the budget"
+            if splits != needed:
+                why_split += (f"; {len(splits) - len(needed)} more ops split too, since that lowers the bound "
+                              "(split_deeper)")
             floor, floor_op = _floor(spec, resolved, sim.split(_splitting(sim, splits))[0].profile, hardware)
     if budget_bytes < floor:
         why = (f"op {floor_op!r} needs its working set, and weights and optimizer state stay on the GPU"
@@ -104,20 +107,23 @@ def make_plan(profile: Profile, hardware: Hardware, budget_bytes: int, planner: 
     return Planned(plan, result, seconds)
 
 
-def _cell_splits(profile: Profile, hardware: Hardware, budget_bytes: int, spec, resolved: dict) -> dict[str, int]:
+def _cell_splits(profile: Profile, hardware: Hardware, budget_bytes: int, spec,
+                 resolved: dict) -> tuple[dict[str, int], dict[str, int]]:
     """The ops to split (R54) for this planner: those a planner that keeps weights and
     optimizer state on the GPU would split, where there are any, so that the planners of
     one cell, and a solver and the heuristics it falls back to, plan the same split profile
     (a planner that moves them needs fewer chunks, and ran alone on fewer: joint on VGG-16
     at 30%, 4 chunks, with capuchin's plan on them 7.6% slower than capuchin's on 8); else
-    this planner's own. Split deeper where that lowers the bound (``split_deeper``)."""
+    this planner's own. Split deeper where that lowers the bound (``split_deeper``): (the
+    splits, those needed to fit)."""
     variants = spec.chooses_variants(resolved)
-    if spec.moves_persistent:
-        shared = choose_splits(profile, budget_bytes, False, spec.cpu_phases, variants=variants)
-        if shared:
-            return split_deeper(profile, hardware, budget_bytes, shared, False, spec.cpu_phases, variants)
-    own = choose_splits(profile, budget_bytes, spec.moves_persistent, spec.cpu_phases, variants=variants)
-    return split_deeper(profile, hardware, budget_bytes, own, spec.moves_persistent, spec.cpu_phases, variants)
+    moves = spec.moves_persistent
+    needed = choose_splits(profile, budget_bytes, False, spec.cpu_phases, variants=variants) if moves else {}
+    if needed:
+        moves = False
+    else:
+        needed = choose_splits(profile, budget_bytes, moves, spec.cpu_phases, variants=variants)
+    return split_deeper(profile, hardware, budget_bytes, needed, moves, spec.cpu_phases, variants), needed
 
 
 def can_meet(name: str, params: dict, profile: Profile, hardware: Hardware, budget_bytes: int) -> bool:
