@@ -160,7 +160,8 @@ CHAIN_OPS += [("gx", "backward", 10.0, ["x"], ["gxo"]), ("gs", "backward", 10.0,
 def test_joint_recomputes_a_chain_and_the_model_prices_it():
     profile, hw = make_profile(CHAIN_TENSORS, CHAIN_OPS, "ilp-chain"), machine(h2d=0.0001, d2h=0.0001)
     budget = 183   # at the m ops 280 B without a plan; at gx, s regenerated and x: 183
-    planned = make_plan(profile, hw, budget, "joint", {"search": False}, options=RunOptions(time_limit=20, threads=1))
+    options = RunOptions(time_limit=20, threads=1)
+    planned = make_plan(profile, hw, budget, "joint", {"search": False, "polish": False}, options=options)
     actions = [(a.kind, a.tensor, a.after or a.before) for a in planned.plan.actions]
     assert planned.result.ok, planned.result.reason
     assert ("recompute", "s", "gx") in actions and ("recompute", "x", "gx") in actions
@@ -171,6 +172,11 @@ def test_joint_recomputes_a_chain_and_the_model_prices_it():
     # the ideal 110 us, plus fx and fs again before gx and fs again before gs
     assert notes["model_objective_us"] == pytest.approx(140.0)
     assert planned.result.iteration_us == pytest.approx(140.0)
+    # polish keeps s from gx to gs instead (it fits there): fs runs again once, 130 us
+    polished = make_plan(profile, hw, budget, "joint", {"search": False}, options=options)
+    actions = [(a.kind, a.tensor, a.after or a.before) for a in polished.plan.actions]
+    assert ("drop", "s", "gx") not in actions and ("recompute", "s", "gs") not in actions
+    assert polished.result.iteration_us == pytest.approx(130.0) and polished.plan.planner.notes["polish"]["changes"] == 1
 
 
 def test_joint_never_moves_a_weight_across_a_recompute_that_reads_it():

@@ -1,4 +1,5 @@
-"""Polish (planner/core/polish.py): a local search on a plan's swaps, judged by the simulator.
+"""Polish (planner/shared/polish.py): a local search on a plan's swaps and recomputes, judged
+by the simulator.
 
 Machine (tests/engine_helpers.py): PCIe 1 B/us each way, no latency: 100 B take 100 us.
 """
@@ -96,6 +97,22 @@ def test_a_tensor_with_other_actions_is_left_alone():
     start = sim.simulate(_plan(profile, actions), 110)
     done = polish(sim, 110, actions, {}, far())
     assert done.actions == actions and done.result.iteration_us == start.iteration_us
+
+
+def test_a_tensor_recomputed_twice_stays_after_its_first_recompute_where_it_fits():
+    # p0..p7 of 100 us (ideal 800); A (100 B) made by p0, read by p3 and p6; a 50 B
+    # workspace at p1: 152 B there with A, over the 110 B budget, so A is off at p1 and p2.
+    # Dropped after p0, recomputed before p3 (p0 again, 100 us), dropped after p3 and
+    # recomputed before p6: 1,000 us. From p3 to p6 it fits (102 B): the second drop and
+    # recompute are taken back, 900 us; the first pair is not (A at p1 would not fit).
+    profile = chain_profile("twice", 8, {"A": (100, "activation")}, {0: ((), ("A",), 0), 1: ((), (), 50),
+                                                                       3: (("A",), (), 0), 6: (("A",), (), 0)})
+    sim = simulator_for(profile, machine())
+    actions = [drop("A", "p0"), recompute("A", "p3"), drop("A", "p3"), recompute("A", "p6")]
+    assert sim.simulate(_plan(profile, actions), 110).iteration_us == pytest.approx(1000.0)
+    done = polish(sim, 110, actions, {}, far())
+    assert done.result.ok and done.result.iteration_us == pytest.approx(900.0) and done.changes == 1
+    assert done.actions == [drop("A", "p0"), recompute("A", "p3")]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
