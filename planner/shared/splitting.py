@@ -24,9 +24,11 @@ to 7.379 s.
 """
 from __future__ import annotations
 
+from simulator.hardware import Hardware
 from simulator.model.splits import chunk_ids, split_profile
 from simulator.profile import Profile
 
+from .bound import lower_bound
 from .facts import budget_floor, working_set
 
 MARGIN = 0.05   # of the budget: more chunks than needed to come this close to the best are not taken
@@ -70,14 +72,13 @@ def choose_splits(profile: Profile, budget_bytes: int, moves_persistent: bool = 
     return {}
 
 
-def split_deeper(profile: Profile, hardware, budget_bytes: int, splits: dict[str, int], moves_persistent: bool = False,
-                 cpu_phases: tuple[str, ...] = (), variants: bool = False) -> dict[str, int]:
+def split_deeper(profile: Profile, hardware: Hardware, budget_bytes: int, splits: dict[str, int],
+                 moves_persistent: bool = False, cpu_phases: tuple[str, ...] = (),
+                 variants: bool = False) -> dict[str, int]:
     """``splits`` (the ops that must be split), or a deeper split where one lowers the
     most general lower bound (the module docstring): the ops whose working sets are over
     each share of ``DEEPER`` of the budget, split by ``choose_splits``, the one of least
     bound, taken when that is ``DEEPER_GAIN`` below the bound with ``splits``."""
-    from .bound import lower_bound
-
     def bound(chosen: dict[str, int]) -> float:
         return lower_bound(split_profile(profile, chosen), hardware, budget_bytes, recompute=True,
                            moves_persistent=True, variants=variants).iteration_us
