@@ -223,7 +223,7 @@ def test_the_planners_of_one_cell_split_the_same_ops():
     keeping, moving = choose_splits(profile, budget, False), choose_splits(profile, budget, True)
     assert keeping and moving and set(keeping.values()) != set(moving.values())
     cell = split_deeper(profile, hw, budget, keeping)
-    for name in ("joint", "g10", "autotm", "capuchin"):
+    for name in ("joint", "capuchin"):   # one that moves weights, one that keeps them
         assert _cell_splits(profile, hw, budget, get_planner(name), {}) == (cell, keeping)
 
 
@@ -232,8 +232,8 @@ def test_split_deeper_only_where_the_bound_falls():
     ReLU gradient run whole holds 18.4 of the 21.7 GiB, so the next convolution's input
     cannot come in while it runs) lower the bound from 7.687 s to 7.466 s, and swapadvisor's
     plan from 8.098 s to 7.379 s. GPT-2 b48 at 30%: splitting more lowers nothing, and the
-    split that must be made is kept. Nothing to split: nothing is split."""
-    from planner.core.registry import RunOptions
+    split that must be made is kept. Nothing to split: nothing is split. (swapadvisor's plan:
+    test_swapadvisor_plans_the_deeper_split_of_vgg16, slow.)"""
     from planner.shared.bound import lower_bound
     from simulator.catalog import open_profile
     from simulator.hardware import load_hardware
@@ -248,11 +248,23 @@ def test_split_deeper_only_where_the_bound_falls():
 
     assert set(needed) < set(deeper) and len(deeper) == 34 and set(deeper.values()) == {32}
     assert bound(deeper) == pytest.approx(7.4655e6, rel=1e-4) and bound(needed) == pytest.approx(7.6868e6, rel=1e-4)
-    planned = make_plan(vgg, hw, budget, "swapadvisor", options=RunOptions(time_limit=20.0))
-    assert planned.plan.splits == deeper and planned.result.ok and planned.result.iteration_us < 7.45e6
-    assert "22 more ops split too, since that lowers the bound" in planned.plan.planner.notes["splits"]
     gpt2 = open_profile("gpt2-b48-s1024")
     budget = int(0.3 * gpt2.peak_bytes)
     needed = choose_splits(gpt2, budget, False)
     assert needed and split_deeper(gpt2, hw, budget, needed) == needed
     assert split_deeper(toy(), hardware_from_dict(HW), 3000, {}) == {}
+
+
+@pytest.mark.slow
+def test_swapadvisor_plans_the_deeper_split_of_vgg16():
+    """The deeper split above, as make_plan gives it to swapadvisor: 7.379 s, where the
+    split that only fits gave 8.098 s; the notes say how many more ops were split."""
+    from planner.core.registry import RunOptions
+    from simulator.catalog import open_profile
+    from simulator.hardware import load_hardware
+    hw, vgg = load_hardware("a100-40gb-pcie4"), open_profile("vgg16-b1024-s224")
+    budget = int(0.3 * vgg.peak_bytes)
+    planned = make_plan(vgg, hw, budget, "swapadvisor", options=RunOptions(time_limit=20.0))
+    assert planned.plan.splits == split_deeper(vgg, hw, budget, choose_splits(vgg, budget, False))
+    assert planned.result.ok and planned.result.iteration_us < 7.45e6
+    assert "22 more ops split too, since that lowers the bound" in planned.plan.planner.notes["splits"]
