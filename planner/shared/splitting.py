@@ -88,15 +88,20 @@ def split_deeper(profile: Profile, hardware: Hardware, budget_bytes: int, splits
     base = 0 if moves_persistent else profile.persistent_bytes
     sets = [base + working_set(profile, i, include_persistent=moves_persistent, variants=variants)
             for i in range(len(profile.ops))]
-    best, best_us = splits, bound(splits)
-    least = best_us * (1.0 - DEEPER_GAIN)
+    tried = []
     for share in DEEPER:
         over = [i for i, op in enumerate(profile.ops) if op.phase not in cpu_phases and sets[i] > share * budget_bytes]
         deeper = choose_splits(profile, budget_bytes, moves_persistent, cpu_phases, variants=variants, over=over)
-        if deeper and deeper != splits and set(splits) <= set(deeper):
-            us = bound(deeper)
-            if us < least and us < best_us:
-                best, best_us = deeper, us
+        if deeper and deeper != splits and set(splits) <= set(deeper) and deeper not in tried:
+            tried.append(deeper)
+    if not tried:   # nothing deeper to weigh: no bound to compute
+        return splits
+    best, best_us = splits, bound(splits)
+    least = best_us * (1.0 - DEEPER_GAIN)
+    for deeper in tried:
+        us = bound(deeper)
+        if us < least and us < best_us:
+            best, best_us = deeper, us
     return best
 
 

@@ -31,7 +31,7 @@ from ..errors import InputError
 from ..model.allocation import allocation_keys, placement_problem
 from ..model.codecs import codec_problem, codec_ps, compressed_bytes
 from ..model.links import Route
-from ..model.recompute import recompute_problem
+from ..model.recompute import counted_updates, recompute_problem
 from ..plan import Action, Plan
 from ..profile import Profile, order_violation
 from ..units import us_to_ps
@@ -610,15 +610,11 @@ class _Compiler:
     def updates_since_made(self, tid: str) -> list[tuple[str, str]]:
         """The walk's updates in place R15 counts against a recompute of ``tid``: (tensor,
         op id) of those of ``tid`` and of its producer's inputs since the producer's item."""
-        if self.profile.producer[tid] is None:
+        made_by = self.profile.producer[tid]
+        if made_by is None:
             return []
-        producer = self.profile.ops[self.profile.producer[tid]]
-        made = self.seq.op_item[producer.id]
-        found = [(k, tid) for k in self.updated_at.get(tid, ())]
-        for x in dict.fromkeys(producer.inputs):
-            if x != tid:
-                found.extend((k, x) for k in self.updated_at.get(x, ()) if k > made)
-        return [(t, self.seq.group[k]) for k, t in sorted(found)]
+        made = self.seq.op_item[self.profile.ops[made_by].id]
+        return [(t, self.seq.group[k]) for k, t in counted_updates(self.profile, tid, self.updated_at, made)]
 
     def check_steady_state(self) -> None:
         """R20, once the walk is over."""

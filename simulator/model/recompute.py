@@ -42,7 +42,8 @@ def recompute_problem(profile: Profile, tid: str, before: int | None = None, upd
             first = min(profile.updaters[tid], default=len(profile.ops))
             updates = ((tid, profile.ops[first].id),) if first < len(profile.ops) else ()
         else:
-            updates = tuple((t, profile.ops[u].id) for t, u in _updates_after(profile, tid) if u < before)
+            updates = tuple((t, profile.ops[u].id) for u, t in counted_updates(profile, tid, profile.updaters, made_by)
+                            if u < before)
     for updated, by in updates:
         if updated == tid:
             return f"recompute of {tid!r}: it was updated in place after it was produced (by op {by!r})"
@@ -51,16 +52,16 @@ def recompute_problem(profile: Profile, tid: str, before: int | None = None, upd
     return None
 
 
-def _updates_after(profile: Profile, tid: str) -> list[tuple[str, int]]:
-    """The in-place updates R15 counts against a recompute of ``tid`` made by an op that
-    updates nothing: (tensor, op position) of those of ``tid`` and of its producer's
-    inputs after the producer, in op order."""
-    made_by = profile.producer[tid]
-    found = [(u, tid) for u in profile.updaters[tid]]
-    for x in dict.fromkeys(profile.ops[made_by].inputs):
+def counted_updates(profile: Profile, tid: str, updated, made: int) -> list[tuple[int, str]]:
+    """The in-place updates R15 counts against a recompute of ``tid`` (its producer updating
+    nothing): (when, tensor) of those of ``tid`` and of its producer's inputs after ``made``,
+    in order. ``updated`` maps a tensor to when it was updated and ``made`` is when the
+    producer ran: op positions (``profile.updaters``), or a walk's items."""
+    found = [(k, tid) for k in updated.get(tid, ())]
+    for x in dict.fromkeys(profile.ops[profile.producer[tid]].inputs):
         if x != tid:
-            found.extend((u, x) for u in profile.updaters[x] if u > made_by)
-    return [(t, u) for u, t in sorted(found)]
+            found.extend((k, x) for k in updated.get(x, ()) if k > made)
+    return sorted(found)
 
 
 def recomputable_until(profile: Profile, tid: str) -> int:
@@ -77,8 +78,8 @@ def recomputable_until(profile: Profile, tid: str) -> int:
         return made_by
     if profile.ops[made_by].updates:
         return made_by
-    found = _updates_after(profile, tid)
-    return found[0][1] if found else len(profile.ops)
+    found = counted_updates(profile, tid, profile.updaters, made_by)
+    return found[0][0] if found else len(profile.ops)
 
 
 def recompute_scratch(profile: Profile, tid: str, workspace: int | None = None) -> int:
