@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from planner.core.api import simulator_for
-from planner.shared.polish import polish
+from planner.shared.polish import polish, polish_in_stages
 from simulator.plan import Plan, drop, offload, prefetch, recompute
+from tests.conftest import make_profile
 from tests.engine_helpers import machine
 from tests.test_engine_properties import scenarios
 from tests.test_planner_g10 import chain_profile
@@ -83,7 +84,7 @@ def test_the_changes_tried_in_order():
     profile = chain_profile("tried", 8, tensors, extra)
     actions = [offload("A", "p0"), prefetch("A", "p6", "p7")]
     assert _addable_gaps(profile, 110) == [("A", 0, 7), ("D", 1, 6)]
-    assert _neighbours(profile, actions, _addable_gaps(profile, 110)) == [
+    assert _neighbours(profile, actions, {}, _addable_gaps(profile, 110)) == [
         ("issue", 0, 1), ("issue", 0, 3), ("issue", 1, 2), ("issue", 1, 5),
         ("add", "D", 1, 2, 6), ("keep", "A")]
 
@@ -135,3 +136,92 @@ def test_polish_never_slows_a_plan_and_repeats_itself(scenario):
 
 def _plan(profile, actions):
     return Plan(profile.name, tuple(actions))
+
+
+def _ops(spec):
+    """Ops q0.. in order from (time us, inputs, outputs, workspace) tuples."""
+    return [(f"q{k}", "forward", t, list(i), list(o), None, w) for k, (t, i, o, w) in enumerate(spec)]
+
+
+def _run(profile, actions, budget, initial=None):
+    sim = simulator_for(profile, machine())
+    return sim.simulate(Plan(profile.name, tuple(actions), initial=dict(initial or {})), budget)
+
+
+def test_the_input_is_copied_out_from_the_start_while_the_first_op_reads_it():
+    # q0..q7 of 100 us (ideal 800). X, the input (100 B), is read by q0 and q7; A (100 B)
+    # is made by q0 and read by q7; a 150 B workspace at q2 needs both off (budget 210:
+    # 100 + 100 + 150 = 350, one of them 250, neither 150). Copied out after q0, X runs
+    # 100-200 and A 200-300 on the up link, so q2 waits until 300; both come back after q4
+    # (X 600-700, A 700-800) and q7 runs 800-900: 900 us. X's copy issued at the start runs
+    # 0-100 while q0 reads it (R11: the window's reads; released after q0), A's 100-200,
+    # q2 starts at 200 on time; back after q4 (500-600, 600-700), q7 at 700: 800 us.
+    tensors = {"X": (100, "input"), "A": (100, "activation")}
+    ops = _ops([(100, ("X",), ("A",), 0), (100, (), (), 0), (100, (), (), 150), (100, (), (), 0),
+                (100, (), (), 0), (100, (), (), 0), (100, (), (), 0), (100, ("X", "A"), (), 0)])
+    profile = make_profile(tensors, ops, "start")
+    actions = [offload("X", "q0"), offload("A", "q0"), prefetch("X", "q4", "q7"), prefetch("A", "q4", "q7")]
+    assert _run(profile, actions, 210).iteration_us == pytest.approx(900.0)
+    done = polish(simulator_for(profile, machine()), 210, actions, {}, far(), kinds=("start",))
+    assert done.result.iteration_us == pytest.approx(800.0) and done.changes == 1
+    assert done.actions == [offload("X", None)] + actions[1:]
+
+
+def test_a_weight_starts_in_host_memory_and_leaves_the_up_link_to_an_activation():
+    # As above with W a weight read by q1 and q7 (never updated) and A made by q1. Copied out
+    # after q1, W runs 200-300 and A 300-400: q3 (the 150 B workspace) waits until 400;
+    # back after q4 (500-600, 600-700), q7 at 700: 900 us. Started in host memory, W comes
+    # down before q1 (0-100, the down link is idle), is dropped after q1 (its host copy is
+    # the value it started with, R16) and again after q7 (R20: it ends in host memory): A
+    # alone crosses the up link (200-300), q3 starts at 300 on time: 800 us.
+    tensors = {"W": (100, "weight"), "A": (100, "activation")}
+    ops = _ops([(100, (), (), 0), (100, ("W",), ("A",), 0), (100, (), (), 0), (100, (), (), 150),
+                (100, (), (), 0), (100, (), (), 0), (100, (), (), 0), (100, ("W", "A"), (), 0)])
+    profile = make_profile(tensors, ops, "host")
+    actions = [offload("W", "q1"), offload("A", "q1"), prefetch("W", "q4", "q7"), prefetch("A", "q4", "q7")]
+    assert _run(profile, actions, 210).iteration_us == pytest.approx(900.0)
+    done = polish(simulator_for(profile, machine()), 210, actions, {}, far(), kinds=("host",))
+    assert done.result.iteration_us == pytest.approx(800.0) and done.changes == 1
+    assert done.initial == {"W": "host"}
+    assert done.actions == [prefetch("W", None, "q1"), offload("A", "q1"), drop("W", "q1"),
+                            prefetch("W", "q4", "q7"), prefetch("A", "q4", "q7"), drop("W", "q7")]
+
+
+def test_a_recompute_source_is_recomputed_too_where_a_dearer_recompute_gives_way():
+    # q0 (10 us) makes X (100 B), q1 (10 us) makes A from X, q2 (100 us) makes B; q3..q6 take
+    # 100 us (a 50 B workspace at q4), q7 reads B, q8 A, q9 X: ideal 820 us, budget 200. The
+    # plan keeps X and recomputes A (10 us, from X) and B (100 us): 930 us. Taking back B
+    # alone or A alone does not fit (X + B + 50 at q4); recomputing X before A's recompute
+    # alone costs 10 us more (940); with B's recompute taken back B stays on the GPU from q2
+    # to q7 in X's place (150 B at q4; 200 at q8: X and A): 820 + 10 + 10 = 840 us.
+    tensors = {"X": (100, "activation"), "A": (100, "activation"), "B": (100, "activation")}
+    ops = _ops([(10, (), ("X",), 0), (10, ("X",), ("A",), 0), (100, (), ("B",), 0), (100, (), (), 0),
+                (100, (), (), 50), (100, (), (), 0), (100, (), (), 0), (100, ("B",), (), 0),
+                (100, ("A",), (), 0), (100, ("X",), (), 0)])
+    profile = make_profile(tensors, ops, "chain")
+    actions = [drop("A", "q1"), drop("B", "q2"), recompute("B", "q7"), recompute("A", "q8")]
+    assert _run(profile, actions, 200).iteration_us == pytest.approx(930.0)
+    chained = [drop("A", "q1"), recompute("X", "q8"), recompute("A", "q8"), drop("X", "q1")]
+    assert _run(profile, chained + actions[1:3], 200).iteration_us == pytest.approx(940.0)
+    done = polish(simulator_for(profile, machine()), 200, actions, {}, far(), kinds=("remake", "chain"))
+    assert done.result.iteration_us == pytest.approx(840.0) and done.changes == 1
+    assert done.actions == chained
+
+
+def test_a_recompute_becomes_a_swap_where_the_up_link_has_room():
+    # q0..q11 of 100 us (ideal 1,200); q0 makes A (100 B), read by q11; a 50 B workspace at
+    # q2 (budget 110: A must be off there). Recomputed (q0 again): 1,300 us. Swapped instead:
+    # out after q0 (100-200, freed as q2 starts), back by a prefetch issued 8 ops before
+    # q11, after q3 (400-500): 1,200 us. The stages: taking the recompute back does not fit,
+    # so the first stage changes nothing, and the second makes it a swap.
+    tensors = {"A": (100, "activation")}
+    ops = _ops([(100, (), ("A",), 0), (100, (), (), 0), (100, (), (), 50)] + [(100, (), (), 0)] * 8
+               + [(100, ("A",), (), 0)])
+    profile = make_profile(tensors, ops, "swap")
+    actions = [drop("A", "q0"), recompute("A", "q11")]
+    assert _run(profile, actions, 110).iteration_us == pytest.approx(1300.0)
+    sim = simulator_for(profile, machine())
+    done = polish_in_stages(sim, 110, actions, {}, far(), stages=(("remake",), ("swap",)))
+    assert done.result.iteration_us == pytest.approx(1200.0) and done.changes == 1
+    assert done.actions == [offload("A", "q0"), prefetch("A", "q3", "q11")]
+    assert done.runs == 2 + 2   # each stage scores the plan it starts from, then one change

@@ -22,7 +22,7 @@ import numpy as np
 
 from simulator.plan import Plan
 
-from ..polish import polish
+from ..polish import polish_in_stages
 from .candidates import Candidate, candidates, moved_interval, moves_by_tensor
 from .common import Lowered, lower_fastest
 from .decode import copy_times, fetched_after, predicted_us, same_choices
@@ -30,8 +30,8 @@ from .rows import Formulation
 
 ROUNDS = 2          # refinement rounds at most (the second adds positions only where the first moved them)
 SHARE = 0.25        # of the time left after the start, the most kept for refinement
-POLISH_SHARE = 0.05  # of the time left before the solve, kept for polish ...
-POLISH_MAX_S = 5.0   # ... up to this many seconds
+POLISH_SHARE = 0.15  # of the time left before the solve, kept for polish (its stages: GPT-2 b48 at 30% ...
+POLISH_MAX_S = 5.0   # ... needs about 2 s of 1.5 ms simulations), up to this many seconds
 
 
 def round_s(build_s: float, left_s: float) -> float:
@@ -234,9 +234,9 @@ def polished(sim, budget: int, best: Lowered, seconds: float, notes: dict) -> Lo
     the time before (``estimate_us`` stays the model's time of the solver's plan)."""
     if not best.result.ok or not best.actions:
         return best
-    done = polish(sim, budget, best.actions, best.initial, time.perf_counter() + seconds)
+    done = polish_in_stages(sim, budget, best.actions, best.initial, time.perf_counter() + seconds)
     if not done.changes:
         return best
     notes.update(polish={"changes": done.changes, "simulations": done.runs,
                          "before_us": best.result.iteration_us})
-    return replace(best, actions=done.actions, result=done.result)
+    return replace(best, actions=done.actions, initial=done.initial, result=done.result)
