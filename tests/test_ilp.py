@@ -257,3 +257,19 @@ def test_a_solve_interrupts_itself_once_past_its_limit(monkeypatch):
     assert next(ticks) == 30.0                             # two callbacks: 10 s (on), 20 s (stop)
     monkeypatch.undo()
     assert model.solve(100.0, 1, 0, 0.0).model_status == "Optimal"   # no interrupt within the limit
+
+
+def test_the_mip_around_a_relaxation_keeps_its_whole_choices():
+    # min -3 x1 - 2 x2, 2 x1 + 2 x2 <= 3, binaries: the optimum is x1 = 1, x2 = 0 (-3). Around
+    # the values (0, 0.5) x1 stays 0 and only x2 is free: x2 = 1, -2. The model is as before
+    # after (the whole MIP still finds -3).
+    from planner.shared.highs import Model
+    model = Model()
+    first = model.add_vars(2, 0.0, 1.0, integer=True)
+    model.cost[first], model.cost[first + 1] = -3.0, -2.0
+    model.add_row([first, first + 1], [2.0, 2.0], upper=3.0)
+    around = model.around([0.0, 0.5], 10.0, 1, 0, 0.0)
+    assert around.status == "optimal" and around.objective == pytest.approx(-2.0)
+    assert list(np.round(around.values)) == [0.0, 1.0]
+    whole = model.solve(10.0, 1, 0, 0.0)
+    assert whole.objective == pytest.approx(-3.0) and list(np.round(whole.values)) == [1.0, 0.0]

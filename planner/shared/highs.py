@@ -25,6 +25,7 @@ import numpy as np
 INF = math.inf
 HEURISTIC_EFFORT = 0.3   # of the search spent on primal heuristics (HiGHS default 0.05): a plan early matters most
 OVERRUN_S = 0.25         # a solve interrupts itself this long after its time limit (the module docstring)
+INTEGRAL = 1e-6          # an LP value this close to an integer counts as integral (``Model.around``)
 
 
 class Model:
@@ -94,6 +95,20 @@ class Model:
         new_gap = None if solution.bound is None else max(0.0, (fixed.objective - solution.bound) / abs(fixed.objective))
         status = "optimal" if new_gap is not None and new_gap <= gap else solution.status
         return Solution(status, values, fixed.objective, solution.bound, new_gap, solution.model_status)
+
+    def around(self, values, time_limit: float, threads: int, seed: int, gap: float) -> "Solution":
+        """The MIP with every integer column that is integral in ``values`` (an LP
+        relaxation's solution) fixed there, the fractional ones left free (RENS): a small
+        MIP whose solution is one of the full model's (the model is restored after)."""
+        lower, upper = self.lower, self.upper
+        x = np.asarray(values, dtype=float)
+        whole = np.asarray(self.integer, dtype=bool) & (np.abs(x - np.round(x)) <= INTEGRAL)
+        self.lower = np.where(whole, np.round(x), lower).tolist()
+        self.upper = np.where(whole, np.round(x), upper).tolist()
+        try:
+            return self.solve(time_limit, threads, seed, gap)
+        finally:
+            self.lower, self.upper = lower, upper
 
     def relaxation(self, time_limit: float, threads: int) -> "Solution":
         """The LP relaxation (integrality dropped), by the interior point method: on these

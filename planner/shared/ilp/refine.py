@@ -30,8 +30,8 @@ from .rows import Formulation
 
 ROUNDS = 2          # refinement rounds at most (the second adds positions only where the first moved them)
 SHARE = 0.25        # of the time left after the start, the most kept for refinement
-POLISH_SHARE = 0.15  # of the time left before the solve, kept for polish (its stages: GPT-2 b48 at 30% ...
-POLISH_MAX_S = 5.0   # ... needs about 2 s of 1.5 ms simulations), up to this many seconds
+POLISH_SHARE = 0.05  # of the time left before the solve, kept for polish ...
+POLISH_MAX_S = 5.0   # ... up to this many seconds
 
 
 def round_s(build_s: float, left_s: float) -> float:
