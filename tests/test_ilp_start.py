@@ -96,9 +96,12 @@ def test_the_solvers_plan_is_returned_when_it_simulates_as_fast_as_the_heuristic
     assert draft.notes["improved_start"] is False   # the start is the optimum: the note says the plan is the start's
 
 
-def test_a_solution_the_solver_improved_from_its_start_is_not_marked_as_the_start():
+def test_a_solution_the_solver_improved_from_its_start_is_not_marked_as_the_start(monkeypatch):
     # b fetched back after m1 holds memory at m2-m4 (over the budget): at the window's positions the start
-    # prices at 86 us in the model, the solver moves more and reaches 80 us
+    # prices at 86 us in the model, the solver moves more and reaches 80 us (without the start around the
+    # LP relaxation, which is that optimum here: the next test)
+    import planner.shared.ilp.common as common
+    monkeypatch.setattr(common, "_around_relaxation", lambda form, limit, threads: None)
     profile, hw = tiny(), machine(h2d=0.01, d2h=0.01)
     late = Draft(actions=[offload("b", "f1"), prefetch("b", "m1", "g2")], status="heuristic")
     draft = solve_swap_milp(profile, hw, BUDGET, RunOptions(time_limit=10, threads=1), tiers=("host",), window=20,
@@ -111,6 +114,17 @@ def test_a_solution_the_solver_improved_from_its_start_is_not_marked_as_the_star
                             token=False, gap=1e-3, fallback=lambda start=False: late, start_positions=True)
     assert draft.notes["start_positions"] == 0 and draft.notes["start_model_us"] == pytest.approx(80.0)
     assert draft.notes["model_objective_us"] == pytest.approx(80.0)
+
+
+def test_the_mip_around_the_relaxation_starts_the_solver_at_its_optimum():
+    # the same graph and late start (86 us in the model): the MIP around the LP relaxation is the optimum,
+    # 80 us, so it is the start, and the solver's plan has its choices
+    profile, hw = tiny(), machine(h2d=0.01, d2h=0.01)
+    late = Draft(actions=[offload("b", "f1"), prefetch("b", "m1", "g2")], status="heuristic")
+    draft = solve_swap_milp(profile, hw, BUDGET, RunOptions(time_limit=10, threads=1), tiers=("host",), window=20,
+                            token=False, gap=1e-3, fallback=lambda start=False: late)
+    assert draft.notes["start"] == "relaxation" and draft.notes["start_model_us"] == pytest.approx(80.0)
+    assert draft.notes["model_objective_us"] == pytest.approx(80.0) and draft.notes["improved_start"] is False
 
 
 def test_the_heuristic_is_returned_when_strictly_faster(monkeypatch):
