@@ -1,47 +1,49 @@
-"""Polish: a local search on a plan's swaps, judged by the simulator.
+"""Polish: a local search on a plan's swaps and recomputes, judged by the simulator.
 
 A solver chooses its moves in a model of time that the simulator does not share exactly
 (the interval MILP spreads copies over steps where the simulator queues them FIFO,
-docs/ilp.md), so the best plan in its model need not be the simulator's best near it:
-autotm's plan for ResNet-50 b1024 at 50% simulates at 4.023 s, and with one more 1.5 GiB
-tensor in host memory and a prefetch a few ops later at 4.005 s. Polish tries small
-changes to a plan, each a neighbour of it, and keeps each one the simulator runs
-strictly faster:
+docs/ilp.md), and a search's decoder makes only the kinds of plans it knows, so the best
+plan either finds need not be the simulator's best near it: autotm's plan for ResNet-50
+b1024 at 50% simulates at 4.023 s, and with one more 1.5 GiB tensor in host memory and a
+prefetch a few ops later at 4.005 s. Polish tries changes to a plan, each a neighbour of
+it, kind by kind in stages (``STAGES``, ``polish_in_stages``):
 
-- the first offload of a weight, optimizer state or input issued at the iteration's start,
-  its copy running while the ops before its old place read it (R11: ops in an offload's
-  window may read the tensor; it is released after the last of them): the up link is
-  idle while the first op runs, before any activation exists (ResNet-50 b1024 at 30%: the
-  0.62 GB input copied out during the first convolution, 2.627 -> 2.617 s);
-- a prefetch issued ``PREFETCH_SHIFTS`` ops earlier or later (never before its offload);
-- an offload issued ``OFFLOAD_DELAYS`` ops later, behind the copies queued after it;
-- one more idle interval moved to host memory (a gap of a tensor the plan leaves alone
-  that spans an op over the budget), its prefetch ``ADD_LEADS`` ops before the use;
-- one move taken back (the tensor stays on the GPU);
-- one recompute taken back with the drop before it (the tensor stays on the GPU from that
-  drop to that use): a MILP's recompute chains may drop a tensor they recomputed as a
-  source and recompute it again a few ops later (joint on GPT-2 b48 at 30%: 25 of them,
-  3.6597 s, and 3.6375 s with all taken back);
-- one chain: a tensor the plan keeps on the GPU through an idle gap only because a
-  recompute in that gap reads it dropped after its last touch and recomputed just before
-  that recompute, its producer's swapped inputs brought back by then (swapadvisor keeps
-  ResNet-50's max-pool output, 0.82 GB, from o8 to the backward's end to recompute two
-  convolutions from it);
-- one recompute made a swap (of the ``SWAP_TRIES`` dearest per byte): the tensor copied out
-  where it was dropped and prefetched ``SWAP_LEADS`` ops before the use it was recomputed
-  for, where the up link has room (after a start above, ResNet-152 b512 at 30%: two
-  convolution outputs at 37.5 ms/GB, 3.428 -> 3.423 s).
+- ``start``: the first offload of a weight, optimizer state or input issued at the
+  iteration's start, its copy running while the ops before its old place read it (R11:
+  ops in an offload's window may read the tensor; it is released after the last of them):
+  the up link is idle while the first op runs, before any activation exists (ResNet-50
+  b1024 at 30%: the 0.62 GB input copied out during the first convolution);
+- ``host``: every weight, optimizer state or input whose first action copies out the value
+  it started with started in host memory instead (one change): prefetched ``HOST_LEAD``
+  ops before its first use, dropped where it was copied out (R16), back in host memory
+  after its last use (R20); its copy leaves the up link;
+- ``remake``: one recompute taken back with the drop before it (the tensor stays on the GPU
+  from that drop to that use): a MILP's recompute chains may drop a tensor they recomputed
+  as a source and recompute it again a few ops later (joint on GPT-2 b48 at 30%: 25 of
+  them, 3.6597 s, and 3.6375 s with all taken back);
+- ``chain``: a tensor the plan keeps on the GPU through an idle gap only because a
+  recompute in that gap reads it (or any kept tensor cheaper per byte than the plan's
+  dearest recompute) dropped after its last touch and recomputed just before, its
+  producer's swapped inputs brought back by then, alone or with a dearer recompute inside
+  that span taken back (swapadvisor keeps ResNet-50's max-pool output, 0.82 GB, from o8 to
+  the backward's end to recompute two convolutions from it);
+- ``swap``: one recompute (of the ``SWAP_TRIES`` dearest per byte) made a swap: copied out
+  where it was dropped, prefetched ``SWAP_LEADS`` ops before the use it was recomputed for,
+  where the up link has room (after the starts, ResNet-152 b512 at 30%: 3.428 -> 3.419 s);
+- ``issue``: a prefetch issued ``PREFETCH_SHIFTS`` ops earlier or later (never before its
+  offload), an offload ``OFFLOAD_DELAYS`` ops later, behind the copies queued after it;
+- ``add``: one more idle interval moved to host memory (a gap of a tensor the plan leaves
+  alone that spans an op over the budget), its prefetch ``ADD_LEADS`` ops before the use;
+- ``keep``: one move taken back (the tensor stays on the GPU).
 
-A start is kept when the plan runs no slower (it frees the up link for a later change: the
-search keeps one change at a time); every other change when it runs strictly faster.
-
-It changes host and SSD swaps of tensors that have no other kind of action, and drops and
-recomputes of tensors that have no other kind (no swap, no codec), adds chains only for
-tensors with no action, and stops when a whole
-round of neighbours brings nothing,
-after ``max_runs`` simulations, or at the deadline. The neighbours are tried in a fixed
-order and the count of simulations, not the clock, ends a run that has time: the same
-plan polishes to the same plan.
+A start or host start is kept when the plan runs no slower (it frees the up link for a
+later change: the search keeps one change at a time); every other change when it runs
+strictly faster. Polish changes host and SSD swaps of tensors that have no other kind of
+action, drops and recomputes of tensors that have no other kind (no swap, no codec), and
+adds chains only for tensors with no action. A stage stops when a whole round of its
+neighbours brings nothing; the whole after ``max_runs`` simulations or at the deadline.
+The neighbours are tried in a fixed order and the count of simulations, not the clock,
+ends a run that has time: the same plan polishes to the same plan.
 """
 from __future__ import annotations
 
@@ -75,7 +77,8 @@ SMALLEST = 1e-3          # tensors under this share of the largest excess over t
 @dataclass(frozen=True)
 class Polished:
     """What polish made of a plan: its actions, the result the simulator gave them, how
-    many changes it kept and how many simulations it ran."""
+    many changes it kept, how many simulations it ran, and where tensors start (``initial``:
+    host starts add to it)."""
     actions: list
     result: object
     changes: int
