@@ -173,7 +173,7 @@ def _neighbours(profile, actions: list, initial: dict, gaps, kinds: tuple[str, .
         if first.kind == "offload" and first.after is not None and tensor.persistent and tensor.bytes >= smallest:
             starts.append(("start", where[0]))
         if (first.kind == "offload" and first.after is not None and tensor.persistent and tid not in initial
-                and not any(tid in profile.ops[i].updates for i in range(at(first.after) + 1))):
+                and min(profile.updaters.get(tid, ()), default=len(profile.ops)) > at(first.after)):
             hosted.append(tid)
         if all(actions[j].kind in ("drop", "recompute") for j in where):
             remakes += _remakes(actions, where, at)
@@ -294,7 +294,7 @@ def _hosted(ids: list[str], index: dict[str, int], actions: list, tids: tuple, p
         a = index[out.after]
         later = changed[where[1]] if len(where) > 1 else None
         until = index[later.before] if later is not None and later.before is not None else len(ids)
-        updated = any(tid in profile.ops[i].updates for i in used)
+        updated = bool(profile.updaters.get(tid))
         ends_on_gpu = changed[where[-1]].kind == "prefetch"
         changed.pop(where[0])
         if used and used[0] <= a:
