@@ -148,6 +148,16 @@ def _run(profile, actions, budget, initial=None):
     return sim.simulate(Plan(profile.name, tuple(actions), initial=dict(initial or {})), budget)
 
 
+def _sharing_the_up_link(tid: str, kind: str, reader: int):
+    """q0..q7 of 100 us: ``tid`` (100 B, ``kind``) read by op ``reader``, which makes A
+    (100 B); a 150 B workspace two ops later; both read by q7."""
+    spec = [(100, (), (), 0)] * 8
+    spec[reader] = (100, (tid,), ("A",), 0)
+    spec[reader + 2] = (100, (), (), 150)
+    spec[7] = (100, (tid, "A"), (), 0)
+    return make_profile({tid: (100, kind), "A": (100, "activation")}, _ops(spec), kind)
+
+
 def test_the_input_is_copied_out_from_the_start_while_the_first_op_reads_it():
     # q0..q7 of 100 us (ideal 800). X, the input (100 B), is read by q0 and q7; A (100 B)
     # is made by q0 and read by q7; a 150 B workspace at q2 needs both off (budget 210:
@@ -156,10 +166,7 @@ def test_the_input_is_copied_out_from_the_start_while_the_first_op_reads_it():
     # (X 600-700, A 700-800) and q7 runs 800-900: 900 us. X's copy issued at the start runs
     # 0-100 while q0 reads it (R11: the window's reads; released after q0), A's 100-200,
     # q2 starts at 200 on time; back after q4 (500-600, 600-700), q7 at 700: 800 us.
-    tensors = {"X": (100, "input"), "A": (100, "activation")}
-    ops = _ops([(100, ("X",), ("A",), 0), (100, (), (), 0), (100, (), (), 150), (100, (), (), 0),
-                (100, (), (), 0), (100, (), (), 0), (100, (), (), 0), (100, ("X", "A"), (), 0)])
-    profile = make_profile(tensors, ops, "start")
+    profile = _sharing_the_up_link("X", "input", 0)
     actions = [offload("X", "q0"), offload("A", "q0"), prefetch("X", "q4", "q7"), prefetch("A", "q4", "q7")]
     assert _run(profile, actions, 210).iteration_us == pytest.approx(900.0)
     done = polish(simulator_for(profile, machine()), 210, actions, {}, far(), kinds=("start",))
@@ -174,10 +181,7 @@ def test_a_weight_starts_in_host_memory_and_leaves_the_up_link_to_an_activation(
     # down before q1 (0-100, the down link is idle), is dropped after q1 (its host copy is
     # the value it started with, R16) and again after q7 (R20: it ends in host memory): A
     # alone crosses the up link (200-300), q3 starts at 300 on time: 800 us.
-    tensors = {"W": (100, "weight"), "A": (100, "activation")}
-    ops = _ops([(100, (), (), 0), (100, ("W",), ("A",), 0), (100, (), (), 0), (100, (), (), 150),
-                (100, (), (), 0), (100, (), (), 0), (100, (), (), 0), (100, ("W", "A"), (), 0)])
-    profile = make_profile(tensors, ops, "host")
+    profile = _sharing_the_up_link("W", "weight", 1)
     actions = [offload("W", "q1"), offload("A", "q1"), prefetch("W", "q4", "q7"), prefetch("A", "q4", "q7")]
     assert _run(profile, actions, 210).iteration_us == pytest.approx(900.0)
     done = polish(simulator_for(profile, machine()), 210, actions, {}, far(), kinds=("host",))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,13 +73,10 @@ class Model:
         """The LP left when every integer column is fixed to its value in ``values``: the
         best continuous values for those choices (the model is restored after)."""
         lower, upper, integer = self.lower, self.upper, self.integer
-        self.lower = [float(values[k]) if integer[k] else lower[k] for k in range(self.num_cols)]
-        self.upper = [float(values[k]) if integer[k] else upper[k] for k in range(self.num_cols)]
-        self.integer = [0] * self.num_cols
-        try:
+        with self._changed(lower=[float(values[k]) if integer[k] else lower[k] for k in range(self.num_cols)],
+                           upper=[float(values[k]) if integer[k] else upper[k] for k in range(self.num_cols)],
+                           integer=[0] * self.num_cols):
             return self.solve(time_limit, threads, 0, 0.0)
-        finally:
-            self.lower, self.upper, self.integer = lower, upper, integer
 
     def polish(self, solution: "Solution", time_limit: float, threads: int, gap: float) -> "Solution":
         """``solution`` with its integer columns fixed and the continuous ones solved
@@ -100,25 +98,30 @@ class Model:
         """The MIP with every integer column that is integral in ``values`` (an LP
         relaxation's solution) fixed there, the fractional ones left free (RENS): a small
         MIP whose solution is one of the full model's (the model is restored after)."""
-        lower, upper = self.lower, self.upper
         x = np.asarray(values, dtype=float)
         whole = np.asarray(self.integer, dtype=bool) & (np.abs(x - np.round(x)) <= INTEGRAL)
-        self.lower = np.where(whole, np.round(x), lower).tolist()
-        self.upper = np.where(whole, np.round(x), upper).tolist()
-        try:
+        with self._changed(lower=np.where(whole, np.round(x), self.lower).tolist(),
+                           upper=np.where(whole, np.round(x), self.upper).tolist()):
             return self.solve(time_limit, threads, seed, gap)
-        finally:
-            self.lower, self.upper = lower, upper
 
     def relaxation(self, time_limit: float, threads: int) -> "Solution":
         """The LP relaxation (integrality dropped), by the interior point method: on these
         models far faster than simplex at the root (the prototype: 23 s against 115 s)."""
-        integer = self.integer
-        self.integer = [0] * self.num_cols
-        try:
+        with self._changed(integer=[0] * self.num_cols):
             return self.solve(time_limit, threads, 0, 0.0, lp_solver="ipm")
+
+    @contextmanager
+    def _changed(self, **columns):
+        """The model with these column fields (``lower``, ``upper``, ``integer``) replaced
+        while the block runs, restored after."""
+        saved = {name: getattr(self, name) for name in columns}
+        for name, value in columns.items():
+            setattr(self, name, value)
+        try:
+            yield self
         finally:
-            self.integer = integer
+            for name, value in saved.items():
+                setattr(self, name, value)
 
     def solve(self, time_limit: float, threads: int, seed: int, gap: float, log=None,
               start: np.ndarray | None = None, lp_solver: str = "choose") -> "Solution":

@@ -156,7 +156,8 @@ def _neighbours(profile, actions: list, initial: dict, gaps, kinds: tuple[str, .
     docstring): ("issue", j, op position) issues action j after another op, ("add",
     tensor, a, f, b) moves the tensor out after op a and back after op f for op b,
     ("keep", tensor) takes the tensor's move back, ("start", j) issues offload j at the
-    iteration's start, ("host", tensors) starts these tensors in host memory, ("remake", j, k) takes back drop j and recompute k after it,
+    iteration's start, ("host", tensors) starts these tensors in host memory, ("remake", j,
+    k) takes back drop j and recompute k after it,
     ("chain", tensor, a, f, k, taken) drops the tensor after op a, recomputes it just
     before op f (ahead of recompute k) and takes back the remake ``taken``, ("swap", j, k,
     lead) swaps the tensor of drop j and recompute k instead, its prefetch ``lead`` ops
@@ -168,13 +169,12 @@ def _neighbours(profile, actions: list, initial: dict, gaps, kinds: tuple[str, .
         by_tensor.setdefault(act.tensor, []).append(j)
     issues, keeps, remakes, starts, hosted = [], [], [], [], []
     for tid, where in by_tensor.items():
-        first = actions[where[0]]
-        tensor = profile.tensor_by_id[tid]
-        if first.kind == "offload" and first.after is not None and tensor.persistent and tensor.bytes >= smallest:
-            starts.append(("start", where[0]))
-        if (first.kind == "offload" and first.after is not None and tensor.persistent and tid not in initial
-                and min(profile.updaters.get(tid, ()), default=len(profile.ops)) > at(first.after)):
-            hosted.append(tid)
+        first, tensor = actions[where[0]], profile.tensor_by_id[tid]
+        if first.kind == "offload" and first.after is not None and tensor.persistent:   # copied out after a use
+            if tensor.bytes >= smallest:
+                starts.append(("start", where[0]))
+            if tid not in initial and min(profile.updaters.get(tid, ()), default=len(profile.ops)) > at(first.after):
+                hosted.append(tid)   # still the value it started with
         if all(actions[j].kind in ("drop", "recompute") for j in where):
             remakes += _remakes(actions, where, at)
             continue
@@ -197,8 +197,8 @@ def _neighbours(profile, actions: list, initial: dict, gaps, kinds: tuple[str, .
     remakes.sort(key=lambda r: (-_per_byte(profile, actions[r[1]].tensor), r[1]))
     chains = _chains(profile, actions, by_tensor, remakes, gaps, at) if "chain" in kinds else []
     swaps = [("swap", j, k, lead) for _, j, k in remakes[:SWAP_TRIES] for lead in SWAP_LEADS]
-    found = {"start": starts, "host": [("host", tuple(hosted))] if hosted else [], "issue": issues, "add": adds, "keep": keeps, "remake": remakes, "chain": chains,
-             "swap": swaps}
+    found = {"start": starts, "host": [("host", tuple(hosted))] if hosted else [], "issue": issues, "add": adds,
+             "keep": keeps, "remake": remakes, "chain": chains, "swap": swaps}
     return [change for kind in NEIGHBOURS if kind in kinds for change in found[kind]]
 
 
